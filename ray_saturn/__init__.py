@@ -1,0 +1,44 @@
+"""ray_saturn: train many large PyTorch models at once on Ray.
+
+It picks a parallelism and a GPU count for every task and schedules them all
+jointly to minimise the makespan, with a lower bound that says how far from
+optimal the plan can be.
+
+Example:
+    >>> import ray_saturn
+    >>> profile = ray_saturn.ProfileTable.from_rows([
+    ...     {"task": "a", "strategy": "ddp", "gpus": 2, "step_time_s": 1.0, "steps": 5},
+    ... ])
+    >>> ray_saturn.plan(profile, ray_saturn.ClusterSpec.uniform(1, 2)).makespan_s
+    5.0
+"""
+
+from ray_saturn.context import PlanningContext, RunningTask
+from ray_saturn.errors import InfeasibleError, PlanError, ProfileError, SaturnError, SpecError
+from ray_saturn.plan import Assignment, Plan, validate_plan
+from ray_saturn.profile_table import Config, ProfileTable
+from ray_saturn.solver import policy_names
+from ray_saturn.solver import solve as plan
+from ray_saturn.spec import ClusterSpec, NodeSpec, Task
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Assignment",
+    "ClusterSpec",
+    "Config",
+    "InfeasibleError",
+    "NodeSpec",
+    "Plan",
+    "PlanError",
+    "PlanningContext",
+    "ProfileError",
+    "ProfileTable",
+    "RunningTask",
+    "SaturnError",
+    "SpecError",
+    "Task",
+    "plan",
+    "policy_names",
+    "validate_plan",
+]

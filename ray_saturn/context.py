@@ -1,0 +1,92 @@
+"""Re-planning inputs: what is already happening when a plan is made.
+
+All times are seconds relative to the moment of planning ("now" = 0).
+
+- ``release_s``: a task that arrives later may not start before its release.
+- ``running``: tasks that are running now, each on a configuration and set of
+  nodes. The profile row for that configuration must hold the *remaining*
+  steps (and, ideally, the measured step time). A plan either keeps such a
+  task where it is (same strategy, GPUs and nodes, start 0, no set-up) or
+  moves it: any other configuration, paying ``restart_s`` of set-up
+  (checkpoint, stop, relaunch) before its steps resume.
+- ``node_available_s``: a node that is busy or unavailable until a time.
+
+Example:
+    >>> ctx = PlanningContext(
+    ...     running=(RunningTask("a", "ddp", 2, ("node-0",), restart_s=30.0),),
+    ...     release_s={"b": 100.0},
+    ... )
+    >>> ctx.running_task("a").restart_s
+    30.0
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ray_saturn.errors import SpecError
+
+__all__ = ["PlanningContext", "RunningTask"]
+
+
+@dataclass(frozen=True)
+class RunningTask:
+    """A task running now, on ``strategy`` with ``gpus`` GPUs over ``nodes``."""
+
+    task: str
+    strategy: str
+    gpus: int
+    nodes: tuple[str, ...]
+    restart_s: float = 0.0
+    movable: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        if not self.nodes or len(set(self.nodes)) != len(self.nodes):
+            raise SpecError(f"running task {self.task!r}: nodes must be distinct and non-empty")
+        if self.gpus < 1 or self.gpus % len(self.nodes):
+            raise SpecError(
+                f"running task {self.task!r}: {self.gpus} GPUs over {len(self.nodes)} nodes "
+                "do not split evenly"
+            )
+        if not math.isfinite(self.restart_s) or self.restart_s < 0:
+            raise SpecError(f"running task {self.task!r}: restart_s must be >= 0, got {self.restart_s}")
+
+
+@dataclass(frozen=True)
+class PlanningContext:
+    """Everything besides the profile and cluster that constrains a plan."""
+
+    release_s: Mapping[str, float] = field(default_factory=dict)
+    running: tuple[RunningTask, ...] = ()
+    node_available_s: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "running", tuple(self.running))
+        object.__setattr__(self, "release_s", dict(self.release_s))
+        object.__setattr__(self, "node_available_s", dict(self.node_available_s))
+        names = [r.task for r in self.running]
+        if len(set(names)) != len(names):
+            raise SpecError("a task is listed as running twice in the planning context")
+        for what, mapping in (("release_s", self.release_s), ("node_available_s", self.node_available_s)):
+            for key, value in mapping.items():
+                if not math.isfinite(value) or value < 0:
+                    raise SpecError(f"{what}[{key!r}] is {value}; it must be a finite time >= 0")
+
+    def release(self, task: str) -> float:
+        return float(self.release_s.get(task, 0.0))
+
+    def running_task(self, task: str) -> RunningTask | None:
+        for r in self.running:
+            if r.task == task:
+                return r
+        return None
+
+    def available(self, node: str) -> float:
+        return float(self.node_available_s.get(node, 0.0))
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.release_s and not self.running and not self.node_available_s

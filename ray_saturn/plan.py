@@ -1,0 +1,300 @@
+"""The plan: per task one configuration, its nodes and its start time.
+
+This is contract 2 of the design brief. ``Plan.to_dict()`` is the JSON object
+``ray-saturn plan --json`` prints::
+
+    {"policy": "saturn", "makespan_s": 38821.5, "lower_bound_s": 35209.1,
+     "solve_time_s": 4.2, "status": "optimal|feasible",
+     "assignments": [{"task": "bert-4", "strategy": "ddp", "gpus": 4,
+                      "nodes": ["node-0"], "start_s": 0.0, "end_s": 3420.0}, ...]}
+
+:func:`validate_plan` is the independent checker every plan goes through. It
+shares no code with the solvers: it re-reads the profile and the cluster and
+checks every rule from scratch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray_saturn.context import PlanningContext
+from ray_saturn.errors import PlanError, ProfileError
+from ray_saturn.profile_table import ProfileTable
+from ray_saturn.spec import ClusterSpec
+
+__all__ = ["Assignment", "Plan", "validate_plan"]
+
+STATUSES = ("optimal", "feasible")
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One task's decision: configuration, nodes, and when it holds them.
+
+    ``setup_s`` is time at the start of the interval spent restarting a moved
+    task (0 for a fresh start); ``end_s - start_s = setup_s + steps x step_time_s``.
+    """
+
+    task: str
+    strategy: str
+    gpus: int
+    nodes: tuple[str, ...]
+    start_s: float
+    end_s: float
+    setup_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+
+    @property
+    def key(self) -> tuple[str, str, int, int]:
+        return (self.task, self.strategy, self.gpus, len(self.nodes))
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // max(1, len(self.nodes))
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "task": self.task,
+            "strategy": self.strategy,
+            "gpus": self.gpus,
+            "nodes": list(self.nodes),
+            "start_s": round(self.start_s, 6),
+            "end_s": round(self.end_s, 6),
+        }
+        if self.setup_s:
+            out["setup_s"] = round(self.setup_s, 6)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Assignment:
+        try:
+            return cls(
+                task=str(data["task"]),
+                strategy=str(data["strategy"]),
+                gpus=int(data["gpus"]),
+                nodes=tuple(str(n) for n in data["nodes"]),
+                start_s=float(data["start_s"]),
+                end_s=float(data["end_s"]),
+                setup_s=float(data.get("setup_s", 0.0)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlanError(f"malformed assignment {dict(data)!r}: {exc}") from None
+
+
+@dataclass
+class Plan:
+    """A schedule for every task, with its makespan and a proven lower bound.
+
+    Example:
+        >>> plan = Plan("saturn", 10.0, 9.0, 0.1, "feasible",
+        ...             [Assignment("a", "ddp", 2, ("node-0",), 0.0, 10.0)])
+        >>> round(plan.gap, 3)
+        0.111
+        >>> Plan.from_json(plan.to_json()) == plan
+        True
+    """
+
+    policy: str
+    makespan_s: float
+    lower_bound_s: float
+    solve_time_s: float
+    status: str
+    assignments: list[Assignment] = field(default_factory=list)
+
+    @property
+    def gap(self) -> float:
+        """(makespan - lower bound) / lower bound: how far from optimal the plan can be."""
+        if self.lower_bound_s <= 0:
+            return 0.0 if self.makespan_s <= 0 else math.inf
+        return max(0.0, (self.makespan_s - self.lower_bound_s) / self.lower_bound_s)
+
+    def assignment(self, task: str) -> Assignment:
+        for a in self.assignments:
+            if a.task == task:
+                return a
+        raise PlanError(f"the plan has no assignment for task {task!r}")
+
+    def by_task(self) -> dict[str, Assignment]:
+        return {a.task: a for a in self.assignments}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "makespan_s": round(self.makespan_s, 6),
+            "lower_bound_s": round(self.lower_bound_s, 6),
+            "solve_time_s": round(self.solve_time_s, 6),
+            "status": self.status,
+            "assignments": [a.to_dict() for a in self.assignments],
+        }
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        if not isinstance(data, Mapping):
+            raise PlanError("a plan must be a JSON object")
+        missing = [k for k in ("policy", "makespan_s", "lower_bound_s", "status", "assignments") if k not in data]
+        if missing:
+            raise PlanError(f"the plan is missing {', '.join(missing)}")
+        if not isinstance(data["assignments"], list):
+            raise PlanError("the plan's assignments must be a list")
+        return cls(
+            policy=str(data["policy"]),
+            makespan_s=float(data["makespan_s"]),
+            lower_bound_s=float(data["lower_bound_s"]),
+            solve_time_s=float(data.get("solve_time_s", 0.0)),
+            status=str(data["status"]),
+            assignments=[Assignment.from_dict(a) for a in data["assignments"]],
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise PlanError(f"the plan is not valid JSON ({exc})") from None
+        return cls.from_dict(data)
+
+    def validate(
+        self,
+        profile: ProfileTable,
+        cluster: ClusterSpec,
+        context: PlanningContext | None = None,
+        *,
+        tol: float = 1e-6,
+    ) -> None:
+        """Raise :class:`PlanError` unless the plan is valid; see :func:`validate_plan`."""
+        validate_plan(self, profile, cluster, context, tol=tol)
+
+
+def _close(a: float, b: float, tol: float) -> bool:
+    return abs(a - b) <= tol * max(1.0, abs(a), abs(b))
+
+
+def validate_plan(
+    plan: Plan,
+    profile: ProfileTable,
+    cluster: ClusterSpec,
+    context: PlanningContext | None = None,
+    *,
+    tol: float = 1e-6,
+) -> None:
+    """Check every rule of contract 2 from scratch; raise :class:`PlanError` on the first broken one.
+
+    Rules: every profiled task appears exactly once; its configuration is a
+    feasible profile row; a k-node configuration lists k distinct nodes of
+    the cluster, GPUs split evenly; ``end_s - start_s`` equals the profile
+    runtime (plus the restart set-up of a moved task); no node ever holds more
+    than its GPUs; the makespan is the last end; the lower bound is not above
+    the makespan; and, with a context, release times, node availability and
+    running tasks are respected.
+    """
+    ctx = context or PlanningContext()
+    if plan.status not in STATUSES:
+        raise PlanError(f"plan status {plan.status!r} must be one of {', '.join(STATUSES)}")
+    node_gpus = {n.name: n.gpus for n in cluster.nodes}
+    running = {r.task: r for r in ctx.running}
+    seen: set[str] = set()
+    events: dict[str, list[tuple[float, int, int, str]]] = {n: [] for n in node_gpus}
+    latest_end = 0.0
+    for a in plan.assignments:
+        where = f"plan assignment for task {a.task!r}"
+        if a.task in seen:
+            raise PlanError(f"{where}: the task appears twice; every task must appear exactly once")
+        seen.add(a.task)
+        try:
+            cfg = profile.get(a.task, a.strategy, a.gpus, len(a.nodes))
+        except ProfileError:
+            raise PlanError(
+                f"{where}: ({a.strategy}, {a.gpus} GPUs, {len(a.nodes)} node(s)) is not a profiled configuration"
+            ) from None
+        if not cfg.feasible:
+            raise PlanError(f"{where}: configuration ({a.strategy}, {a.gpus} GPUs) is marked infeasible")
+        if len(set(a.nodes)) != len(a.nodes):
+            raise PlanError(f"{where}: nodes {list(a.nodes)} are not distinct")
+        for n in a.nodes:
+            if n not in node_gpus:
+                raise PlanError(f"{where}: node {n!r} is not in the cluster")
+        if not all(math.isfinite(x) for x in (a.start_s, a.end_s, a.setup_s)):
+            raise PlanError(f"{where}: start, end and set-up must be finite numbers")
+        if a.start_s < -tol:
+            raise PlanError(f"{where}: starts at {a.start_s}, before time 0")
+        if a.start_s + tol * max(1.0, a.start_s) < ctx.release(a.task):
+            raise PlanError(f"{where}: starts at {a.start_s:.3f} s, before its release at {ctx.release(a.task):.3f} s")
+        run = running.get(a.task)
+        stays = run is not None and (run.strategy, run.gpus, tuple(run.nodes)) == (a.strategy, a.gpus, a.nodes)
+        if run is None:
+            expected_setup = 0.0
+        elif stays:
+            expected_setup = 0.0
+            if abs(a.start_s) > tol:
+                raise PlanError(f"{where}: a running task kept in place must continue at time 0, not {a.start_s}")
+        else:
+            if not run.movable:
+                raise PlanError(f"{where}: the running task may not be moved")
+            expected_setup = run.restart_s
+        if not _close(a.setup_s, expected_setup, tol):
+            raise PlanError(f"{where}: set-up is {a.setup_s} s but must be {expected_setup} s")
+        expected = expected_setup + cfg.runtime_s
+        if not _close(a.end_s - a.start_s, expected, tol):
+            raise PlanError(
+                f"{where}: runs {a.end_s - a.start_s:.6f} s but the profile says "
+                f"{cfg.steps} steps x {cfg.step_time_s} s + set-up {expected_setup} s = {expected:.6f} s"
+            )
+        per_node = a.gpus // len(a.nodes)
+        for n in a.nodes:
+            if per_node > node_gpus[n]:
+                raise PlanError(f"{where}: needs {per_node} GPUs on node {n!r}, which has {node_gpus[n]}")
+            if a.start_s + tol * max(1.0, a.start_s) < ctx.available(n) and not stays:
+                raise PlanError(f"{where}: uses node {n!r} at {a.start_s:.3f} s, before it is available at {ctx.available(n):.3f} s")
+            # Ends sort before starts at the same instant (0 < 1).
+            events[n].append((a.start_s, 1, per_node, a.task))
+            events[n].append((a.end_s, 0, -per_node, a.task))
+        latest_end = max(latest_end, a.end_s)
+    missing = [t for t in profile.tasks if t not in seen]
+    if missing:
+        raise PlanError(f"the plan has no assignment for task(s) {', '.join(missing[:5])}; every task must appear once")
+    extra = [t for t in seen if t not in set(profile.tasks)]
+    if extra:
+        raise PlanError(f"the plan assigns task(s) {', '.join(extra[:5])} that are not in the profile")
+    for n, evs in events.items():
+        # Treat events within tol of each other as simultaneous: ends first.
+        evs.sort(key=lambda e: (e[0], e[1]))
+        used = 0
+        i = 0
+        while i < len(evs):
+            t0 = evs[i][0]
+            j = i
+            while j < len(evs) and evs[j][0] - t0 <= tol * max(1.0, abs(t0)):
+                j += 1
+            used += sum(e[2] for e in evs[i:j])
+            if used > node_gpus[n]:
+                tasks = sorted({e[3] for e in evs[i:j]})
+                raise PlanError(
+                    f"node {n!r} holds {used} GPUs at {t0:.3f} s but has {node_gpus[n]} "
+                    f"(tasks starting then: {', '.join(tasks)})"
+                )
+            i = j
+    if not _close(plan.makespan_s, latest_end, tol):
+        raise PlanError(f"the plan's makespan {plan.makespan_s} is not its last end time {latest_end}")
+    if plan.lower_bound_s > plan.makespan_s * (1 + tol) + tol:
+        raise PlanError(f"the plan's lower bound {plan.lower_bound_s} is above its makespan {plan.makespan_s}")
+
+
+def assignments_by_node(assignments: Iterable[Assignment]) -> dict[str, list[Assignment]]:
+    out: dict[str, list[Assignment]] = {}
+    for a in assignments:
+        for n in a.nodes:
+            out.setdefault(n, []).append(a)
+    return out

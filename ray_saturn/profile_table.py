@@ -1,0 +1,375 @@
+"""The profile table: measured cost of every (task, strategy, GPU count, node count).
+
+This is contract 1 of the design brief. One row per configuration; the
+columns are
+
+=============  ==========  ==================================================
+task           string      task name, unique per task
+strategy       string      registered strategy name, e.g. ``ddp``, ``fsdp``
+gpus           int >= 1    GPUs the configuration uses in total
+nodes          int >= 1    nodes it spans, GPUs split evenly (default 1)
+step_time_s    float > 0   seconds per optimizer step (empty if infeasible)
+steps          int >= 1    optimizer steps the task still needs
+feasible       bool        false: does not fit / failed (default true)
+peak_mem_gb    float       optional, peak memory per GPU
+=============  ==========  ==================================================
+
+Extra columns are allowed and kept. The table is Arrow-backed and reads and
+writes CSV and Parquet.
+
+Example:
+    >>> table = ProfileTable.from_rows([
+    ...     {"task": "a", "strategy": "ddp", "gpus": 1, "step_time_s": 2.0, "steps": 10},
+    ...     {"task": "a", "strategy": "ddp", "gpus": 2, "step_time_s": 1.1, "steps": 10},
+    ... ])
+    >>> [c.runtime_s for c in table.configs("a")]
+    [20.0, 11.0]
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from ray_saturn.errors import ProfileError, SpecError
+from ray_saturn.spec import check_name
+
+__all__ = ["COLUMNS", "Config", "ProfileTable"]
+
+#: Column name -> Arrow type, in canonical order.
+COLUMNS: dict[str, pa.DataType] = {
+    "task": pa.string(),
+    "strategy": pa.string(),
+    "gpus": pa.int64(),
+    "nodes": pa.int64(),
+    "step_time_s": pa.float64(),
+    "steps": pa.int64(),
+    "feasible": pa.bool_(),
+    "peak_mem_gb": pa.float64(),
+}
+REQUIRED = ("task", "strategy", "gpus", "step_time_s", "steps")
+_TRUE = {"true", "1", "yes", "t", "y"}
+_FALSE = {"false", "0", "no", "f", "n"}
+
+
+@dataclass(frozen=True)
+class Config:
+    """One row of the table: a way to run a task."""
+
+    task: str
+    strategy: str
+    gpus: int
+    nodes: int
+    step_time_s: float | None
+    steps: int
+    feasible: bool = True
+    peak_mem_gb: float | None = None
+    reason: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str, int, int]:
+        """(task, strategy, gpus, nodes): how results are keyed, never by position."""
+        return (self.task, self.strategy, self.gpus, self.nodes)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nodes
+
+    @property
+    def runtime_s(self) -> float:
+        """steps x step_time_s: how long the task runs in this configuration."""
+        if not self.feasible or self.step_time_s is None:
+            raise ProfileError(f"configuration {self.key} is infeasible; it has no runtime")
+        return self.steps * self.step_time_s
+
+
+class ProfileTable:
+    """Arrow-backed, validated profile table (see the module docstring)."""
+
+    def __init__(self, table: pa.Table, source: str = "profile") -> None:
+        self.source = source
+        self._table, self._configs = _normalise(table, source)
+        self._by_task: dict[str, list[Config]] = {}
+        for c in self._configs:
+            self._by_task.setdefault(c.task, []).append(c)
+
+    # ----------------------------------------------------------------- I/O
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> ProfileTable:
+        """Read a ``.csv`` or ``.parquet`` file."""
+        p = Path(path)
+        if not p.is_file():
+            raise ProfileError(f"{p}: no such profile file")
+        suffix = p.suffix.lower()
+        try:
+            if suffix == ".parquet":
+                import pyarrow.parquet as pq
+
+                table = pq.read_table(p)
+            elif suffix == ".csv":
+                import pyarrow.csv as pacsv
+
+                table = pacsv.read_csv(
+                    p,
+                    convert_options=pacsv.ConvertOptions(
+                        column_types={"task": pa.string(), "strategy": pa.string()},
+                        strings_can_be_null=False,
+                    ),
+                )
+            else:
+                raise ProfileError(f"{p}: unknown profile format {suffix!r}; use .csv or .parquet")
+        except ProfileError:
+            raise
+        except (pa.ArrowInvalid, OSError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ProfileError(f"{p}: cannot parse the profile ({first})") from None
+        return cls(table, source=str(p))
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Mapping[str, Any]], source: str = "profile") -> ProfileTable:
+        rows = [dict(r) for r in rows]
+        if not rows:
+            raise ProfileError(f"{source}: the profile has no rows")
+        names: list[str] = []
+        for r in rows:
+            for k in r:
+                if k not in names:
+                    names.append(k)
+        return cls(pa.table({k: [r.get(k) for r in rows] for k in names}), source=source)
+
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """Write as ``.csv`` or ``.parquet`` (by suffix); returns the path."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(p.name + ".tmp")
+        if p.suffix.lower() == ".parquet":
+            import pyarrow.parquet as pq
+
+            pq.write_table(self._table, tmp)
+        elif p.suffix.lower() == ".csv":
+            import pyarrow.csv as pacsv
+
+            pacsv.write_csv(self._table, tmp)
+        else:
+            raise ProfileError(f"{p}: unknown profile format {p.suffix!r}; use .csv or .parquet")
+        os.replace(tmp, p)
+        return p
+
+    def to_arrow(self) -> pa.Table:
+        return self._table
+
+    # -------------------------------------------------------------- access
+    def __len__(self) -> int:
+        return len(self._configs)
+
+    def __iter__(self):
+        return iter(self._configs)
+
+    @property
+    def tasks(self) -> list[str]:
+        """Task names in order of first appearance (the FIFO order)."""
+        return list(self._by_task)
+
+    def configs(self, task: str, *, feasible_only: bool = False) -> list[Config]:
+        try:
+            rows = self._by_task[task]
+        except KeyError:
+            raise ProfileError(f"{self.source}: task {task!r} has no rows in the profile") from None
+        return [c for c in rows if c.feasible] if feasible_only else list(rows)
+
+    def get(self, task: str, strategy: str, gpus: int, nodes: int = 1) -> Config:
+        for c in self._by_task.get(task, ()):
+            if c.strategy == strategy and c.gpus == gpus and c.nodes == nodes:
+                return c
+        raise ProfileError(
+            f"{self.source}: no row for task {task!r} strategy {strategy!r} "
+            f"with {gpus} GPU(s) on {nodes} node(s)"
+        )
+
+    def strategies(self) -> set[str]:
+        return {c.strategy for c in self._configs}
+
+    def check_strategies(self, registered: Sequence[str]) -> None:
+        """Raise if a row names a strategy that is not registered (before execution)."""
+        known = set(registered)
+        for i, c in enumerate(self._configs):
+            if c.strategy not in known:
+                raise ProfileError(
+                    f"{self.source} row {i + 1}: strategy {c.strategy!r} is not registered "
+                    f"(registered: {', '.join(sorted(known))})"
+                )
+
+    def check_feasible(self) -> None:
+        """Raise, naming the task, if some task has no feasible row."""
+        for task, rows in self._by_task.items():
+            if not any(c.feasible for c in rows):
+                raise ProfileError(
+                    f"{self.source}: task {task!r} has no feasible configuration; "
+                    "profile it on more GPUs or another strategy, or drop it"
+                )
+
+    def replace(self, fn: Callable[[Config], Config | None]) -> ProfileTable:
+        """A new table with ``fn`` applied to each row (``None`` drops the row).
+
+        Extra columns are not carried over. Used by re-planning to put in the
+        remaining steps and measured step times.
+        """
+        rows = []
+        for c in self._configs:
+            new = fn(c)
+            if new is not None:
+                rows.append(_config_row(new))
+        return ProfileTable.from_rows(rows, source=self.source)
+
+    def with_rows(self, configs: Iterable[Config]) -> ProfileTable:
+        """A new table holding this table's rows followed by ``configs``."""
+        rows = [_config_row(c) for c in self._configs]
+        rows += [_config_row(c) for c in configs]
+        return ProfileTable.from_rows(rows, source=self.source)
+
+    def __repr__(self) -> str:
+        return f"ProfileTable({len(self._by_task)} tasks, {len(self)} rows, source={self.source!r})"
+
+
+def _config_row(c: Config) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "task": c.task,
+        "strategy": c.strategy,
+        "gpus": c.gpus,
+        "nodes": c.nodes,
+        "step_time_s": c.step_time_s,
+        "steps": c.steps,
+        "feasible": c.feasible,
+        "peak_mem_gb": c.peak_mem_gb,
+    }
+    if c.reason is not None:
+        row["reason"] = c.reason
+    return row
+
+
+def _cell_str(value: Any) -> str:
+    return "" if value is None else str(value).strip()
+
+
+def _parse_int(value: Any, col: str, where: str, default: int | None = None) -> int:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        if default is not None:
+            return default
+        raise ProfileError(f"{where}: {col} is empty; give a whole number >= 1")
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise ProfileError(f"{where}: {col} is {value!r}; give a whole number >= 1") from None
+    if not math.isfinite(f) or f != int(f):
+        raise ProfileError(f"{where}: {col} is {value!r}; give a whole number >= 1")
+    if f < 1:
+        raise ProfileError(f"{where}: {col} is {value!r}; it must be at least 1")
+    return int(f)
+
+
+def _parse_float(value: Any, col: str, where: str) -> float | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise ProfileError(f"{where}: {col} is {value!r}; give a number") from None
+    if math.isnan(f):
+        return None
+    return f
+
+
+def _parse_bool(value: Any, where: str) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, bool):
+        return value
+    s = str(value).strip().lower()
+    if s == "":
+        return True
+    if s in _TRUE:
+        return True
+    if s in _FALSE:
+        return False
+    raise ProfileError(f"{where}: feasible is {value!r}; use true or false")
+
+
+def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
+    if not isinstance(table, pa.Table):
+        raise ProfileError(f"{source}: expected a pyarrow.Table, got {type(table).__name__}")
+    cols = set(table.column_names)
+    missing = [c for c in REQUIRED if c not in cols]
+    if missing:
+        raise ProfileError(
+            f"{source}: missing column(s) {', '.join(missing)}; a profile needs "
+            f"{', '.join(REQUIRED)} (optional: nodes, feasible, peak_mem_gb)"
+        )
+    if table.num_rows == 0:
+        raise ProfileError(f"{source}: the profile has no rows")
+    data = table.to_pydict()
+    n = table.num_rows
+    configs: list[Config] = []
+    seen: dict[tuple[str, str, int, int], int] = {}
+    for i in range(n):
+        where = f"{source} row {i + 1}"
+        task = _cell_str(data["task"][i])
+        try:
+            check_name(task)
+        except SpecError as exc:
+            raise ProfileError(f"{where}: {exc}") from None
+        strategy = _cell_str(data["strategy"][i])
+        if not strategy:
+            raise ProfileError(f"{where}: strategy is empty; name a registered strategy such as ddp")
+        gpus = _parse_int(data["gpus"][i], "gpus", where)
+        nodes = _parse_int(data["nodes"][i] if "nodes" in data else None, "nodes", where, default=1)
+        if gpus % nodes:
+            raise ProfileError(
+                f"{where}: {gpus} GPUs over {nodes} nodes do not split evenly; "
+                "make gpus a multiple of nodes"
+            )
+        steps = _parse_int(data["steps"][i], "steps", where)
+        feasible = _parse_bool(data["feasible"][i] if "feasible" in data else None, where)
+        step_time = _parse_float(data["step_time_s"][i], "step_time_s", where)
+        if step_time is not None and (step_time <= 0 or not math.isfinite(step_time)):
+            raise ProfileError(f"{where}: step_time_s is {step_time!r}; it must be a finite number > 0")
+        if feasible and step_time is None:
+            raise ProfileError(
+                f"{where}: step_time_s is empty but the row is feasible; "
+                "give the measured seconds per step or set feasible=false"
+            )
+        peak = _parse_float(data["peak_mem_gb"][i], "peak_mem_gb", where) if "peak_mem_gb" in data else None
+        if peak is not None and peak < 0:
+            raise ProfileError(f"{where}: peak_mem_gb is {peak!r}; it must be >= 0")
+        reason = data["reason"][i] if "reason" in data else None
+        key = (task, strategy, gpus, nodes)
+        if key in seen:
+            raise ProfileError(
+                f"{where}: duplicate of row {seen[key] + 1} (task {task!r}, strategy {strategy!r}, "
+                f"{gpus} GPUs, {nodes} node(s)); keep one row per configuration"
+            )
+        seen[key] = i
+        configs.append(
+            Config(task, strategy, gpus, nodes, step_time, steps, feasible, peak,
+                   None if reason in (None, "") else str(reason))
+        )
+    # Canonical Arrow table: known columns with their types, extras kept as they are.
+    arrays: dict[str, pa.Array] = {
+        "task": pa.array([c.task for c in configs], pa.string()),
+        "strategy": pa.array([c.strategy for c in configs], pa.string()),
+        "gpus": pa.array([c.gpus for c in configs], pa.int64()),
+        "nodes": pa.array([c.nodes for c in configs], pa.int64()),
+        "step_time_s": pa.array([c.step_time_s for c in configs], pa.float64()),
+        "steps": pa.array([c.steps for c in configs], pa.int64()),
+        "feasible": pa.array([c.feasible for c in configs], pa.bool_()),
+        "peak_mem_gb": pa.array([c.peak_mem_gb for c in configs], pa.float64()),
+    }
+    for name in table.column_names:
+        if name not in arrays:
+            arrays[name] = table.column(name)
+    return pa.table(arrays), configs

@@ -1,0 +1,98 @@
+"""The planner: ProfileTable + ClusterSpec (+ PlanningContext) -> Plan.
+
+Example:
+    >>> from ray_saturn import ClusterSpec, ProfileTable
+    >>> from ray_saturn.solver import solve
+    >>> profile = ProfileTable.from_rows([
+    ...     {"task": "a", "strategy": "ddp", "gpus": 1, "step_time_s": 10.0, "steps": 10},
+    ...     {"task": "a", "strategy": "ddp", "gpus": 2, "step_time_s": 6.0, "steps": 10},
+    ...     {"task": "b", "strategy": "ddp", "gpus": 1, "step_time_s": 10.0, "steps": 10},
+    ... ])
+    >>> plan = solve(profile, ClusterSpec.uniform(1, 2), time_limit_s=5)
+    >>> plan.makespan_s, plan.status
+    (100.0, 'optimal')
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from ray_saturn.context import PlanningContext
+from ray_saturn.plan import Plan, validate_plan
+from ray_saturn.profile_table import ProfileTable
+from ray_saturn.solver.bounds import LowerBound, lower_bound
+from ray_saturn.solver.policy import Policy, PolicyResult, get_policy, policy_names, register_policy
+from ray_saturn.solver.problem import Option, Problem, Schedule, build_problem
+from ray_saturn.spec import ClusterSpec
+
+__all__ = [
+    "LowerBound",
+    "Option",
+    "Policy",
+    "PolicyResult",
+    "Problem",
+    "Schedule",
+    "build_problem",
+    "get_policy",
+    "lower_bound",
+    "policy_names",
+    "register_policy",
+    "solve",
+    "solve_problem",
+]
+
+logger = logging.getLogger(__name__)
+DEFAULT_POLICY = "saturn"
+
+
+def solve_problem(
+    problem: Problem,
+    policy: str | Policy = DEFAULT_POLICY,
+    *,
+    time_limit_s: float = 30.0,
+    seed: int = 0,
+    bound: LowerBound | None = None,
+    on_plan: Callable[[Plan], None] | None = None,
+) -> Plan:
+    """Run ``policy`` on an already-built :class:`Problem` and return a validated Plan."""
+    pol = get_policy(policy) if isinstance(policy, str) else policy
+    t0 = time.perf_counter()
+    bound = bound or lower_bound(problem)
+
+    def emit(sched: Schedule) -> None:
+        if on_plan is not None:
+            on_plan(problem.to_plan(sched, policy=pol.name, lower_bound_s=bound.value,
+                                    solve_time_s=time.perf_counter() - t0))
+
+    result = pol.solve(problem, bound, time_limit_s=time_limit_s, seed=seed,
+                       on_schedule=emit if on_plan is not None else None)
+    lb = max(bound.value, result.proven_bound_s)
+    status = "optimal" if result.optimal else None
+    plan = problem.to_plan(result.schedule, policy=pol.name, lower_bound_s=lb,
+                           solve_time_s=time.perf_counter() - t0, status=status)
+    validate_plan(plan, problem.profile, problem.cluster, problem.context)
+    logger.info("%s: makespan %.1f s, lower bound %.1f s (gap %.1f%%), %s in %.2f s",
+                pol.name, plan.makespan_s, plan.lower_bound_s, 100 * plan.gap, plan.status, plan.solve_time_s)
+    return plan
+
+
+def solve(
+    profile: ProfileTable,
+    cluster: ClusterSpec,
+    policy: str | Policy = DEFAULT_POLICY,
+    *,
+    context: PlanningContext | None = None,
+    time_limit_s: float = 30.0,
+    seed: int = 0,
+    on_plan: Callable[[Plan], None] | None = None,
+) -> Plan:
+    """Plan every task of ``profile`` on ``cluster`` with ``policy``.
+
+    The plan is checked by the independent validator before it is returned.
+    ``on_plan`` receives each improving plan while the search runs (the first
+    comes from the heuristic, within a second for tens of tasks).
+    """
+    problem = build_problem(profile, cluster, context)
+    return solve_problem(problem, policy, time_limit_s=time_limit_s, seed=seed, on_plan=on_plan)

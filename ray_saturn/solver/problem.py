@@ -1,0 +1,247 @@
+"""The scheduling problem as arrays: built once, read by every policy.
+
+This is the one place where a ProfileTable, a ClusterSpec and a
+PlanningContext are turned into what solvers work on:
+
+- ``tasks``: task names, in profile (FIFO) order;
+- ``options[t]``: the ways to run task ``t`` that fit the cluster, each an
+  :class:`Option` (configuration, duration with any restart set-up, GPUs per
+  node, node count, and, for a running task kept in place, its pinned nodes);
+- ``node_gpus``, ``node_avail``: per node, its GPUs and when it is free;
+- ``release``: per task, the earliest start.
+
+Dominated options are pruned: an option is dropped when another one of the
+same task with the same node count is no slower and uses no more GPUs. This
+never removes an optimal plan (swap the dominated option for its dominator
+in any schedule: it ends no later on a subset of the same GPUs).
+
+Solvers return a :class:`Schedule` (option index, start, node indices per
+task); :meth:`Problem.to_plan` is the one conversion to the public Plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ray_saturn.context import PlanningContext
+from ray_saturn.errors import InfeasibleError, ProfileError
+from ray_saturn.plan import Assignment, Plan
+from ray_saturn.profile_table import Config, ProfileTable
+from ray_saturn.spec import ClusterSpec
+
+__all__ = ["Option", "Problem", "Schedule", "build_problem"]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to run one task (a feasible profile row that fits the cluster)."""
+
+    config: Config
+    duration_s: float
+    setup_s: float
+    k: int
+    per_node: int
+    pinned_nodes: tuple[int, ...] | None = None
+
+    @property
+    def gpus(self) -> int:
+        return self.config.gpus
+
+    @property
+    def area(self) -> float:
+        """GPU-seconds the option occupies."""
+        return self.config.gpus * self.duration_s
+
+    @property
+    def pinned(self) -> bool:
+        return self.pinned_nodes is not None
+
+
+@dataclass
+class Schedule:
+    """A solver's answer: for each task, the option index, start time and node indices."""
+
+    option: list[int]
+    start: list[float]
+    nodes: list[tuple[int, ...]]
+    durations: list[float] = field(default_factory=list)
+
+    @property
+    def makespan(self) -> float:
+        if not self.start:
+            return 0.0
+        return max(s + d for s, d in zip(self.start, self.durations))
+
+
+@dataclass
+class Problem:
+    tasks: list[str]
+    options: list[list[Option]]
+    node_names: list[str]
+    node_gpus: np.ndarray
+    node_avail: np.ndarray
+    release: np.ndarray
+    profile: ProfileTable
+    cluster: ClusterSpec
+    context: PlanningContext
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.tasks)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_names)
+
+    @property
+    def total_gpus(self) -> int:
+        return int(self.node_gpus.sum())
+
+    def durations(self, choice: list[int]) -> list[float]:
+        return [self.options[t][o].duration_s for t, o in enumerate(choice)]
+
+    def schedule(self, option: list[int], start: list[float], nodes: list[tuple[int, ...]]) -> Schedule:
+        return Schedule(list(option), list(start), list(nodes), self.durations(option))
+
+    def to_plan(
+        self,
+        sched: Schedule,
+        *,
+        policy: str,
+        lower_bound_s: float,
+        solve_time_s: float,
+        status: str | None = None,
+    ) -> Plan:
+        assignments = []
+        for t, name in enumerate(self.tasks):
+            opt = self.options[t][sched.option[t]]
+            start = float(sched.start[t])
+            assignments.append(
+                Assignment(
+                    task=name,
+                    strategy=opt.config.strategy,
+                    gpus=opt.config.gpus,
+                    nodes=tuple(self.node_names[n] for n in sched.nodes[t]),
+                    start_s=start,
+                    end_s=start + opt.duration_s,
+                    setup_s=opt.setup_s,
+                )
+            )
+        makespan = max((a.end_s for a in assignments), default=0.0)
+        lb = min(lower_bound_s, makespan)
+        if status is None:
+            status = "optimal" if makespan <= lower_bound_s * (1 + 1e-9) + 1e-9 else "feasible"
+        return Plan(policy, makespan, lb, solve_time_s, status, assignments)
+
+
+def _dominates(a: Option, b: Option) -> bool:
+    return a.k == b.k and a.duration_s <= b.duration_s and a.gpus <= b.gpus
+
+
+def _prune(options: list[Option]) -> list[Option]:
+    keep: list[Option] = []
+    for i, o in enumerate(options):
+        if o.pinned:
+            keep.append(o)
+            continue
+        dominated = False
+        for j, p in enumerate(options):
+            if i == j or p.pinned or not _dominates(p, o):
+                continue
+            # Strict domination, or an exact tie broken by position.
+            if p.duration_s < o.duration_s or p.gpus < o.gpus or j < i:
+                dominated = True
+                break
+        if not dominated:
+            keep.append(o)
+    return keep
+
+
+def build_problem(
+    profile: ProfileTable,
+    cluster: ClusterSpec,
+    context: PlanningContext | None = None,
+    *,
+    prune: bool = True,
+) -> Problem:
+    """Turn the inputs into a :class:`Problem`; raise if some task cannot run at all."""
+    ctx = context or PlanningContext()
+    node_names = list(cluster.names)
+    node_index = {n: i for i, n in enumerate(node_names)}
+    node_gpus = np.array([n.gpus for n in cluster.nodes], dtype=np.int64)
+    sorted_caps = np.sort(node_gpus)[::-1]
+    tasks = profile.tasks
+    known = set(tasks)
+    for r in ctx.running:
+        if r.task not in known:
+            raise ProfileError(f"running task {r.task!r} has no rows in the profile; add its remaining steps")
+        for n in r.nodes:
+            if n not in node_index:
+                raise InfeasibleError(f"running task {r.task!r} is on node {n!r}, which is not in the cluster")
+            if ctx.available(n) > 0:
+                raise InfeasibleError(
+                    f"running task {r.task!r} is on node {n!r}, which the context marks unavailable; "
+                    "a task on an unavailable node is not running: drop it from running"
+                )
+    for name in list(ctx.release_s) + list(ctx.node_available_s):
+        if name not in known and name not in node_index:
+            raise ProfileError(f"the planning context names {name!r}, which is neither a task nor a node")
+    running = {r.task: r for r in ctx.running}
+    options: list[list[Option]] = []
+    for name in tasks:
+        run = running.get(name)
+        opts: list[Option] = []
+        why: list[str] = []
+        for cfg in profile.configs(name):
+            if not cfg.feasible:
+                continue
+            per_node = cfg.gpus // cfg.nodes
+            runtime = cfg.runtime_s
+            if run is not None and (cfg.strategy, cfg.gpus, cfg.nodes) == (run.strategy, run.gpus, len(run.nodes)):
+                pinned = tuple(node_index[n] for n in run.nodes)
+                opts.append(Option(cfg, runtime, 0.0, cfg.nodes, per_node, pinned))
+            if run is not None and not run.movable:
+                continue
+            if cfg.nodes > len(node_gpus) or sorted_caps[cfg.nodes - 1] < per_node:
+                why.append(f"{cfg.strategy}/{cfg.gpus} GPUs/{cfg.nodes} node(s)")
+                continue
+            setup = run.restart_s if run is not None else 0.0
+            opts.append(Option(cfg, setup + runtime, setup, cfg.nodes, per_node))
+        if run is not None and not any(o.pinned for o in opts):
+            raise ProfileError(
+                f"running task {name!r} has no profile row for its current configuration "
+                f"({run.strategy}, {run.gpus} GPUs, {len(run.nodes)} node(s)); add one with the remaining steps"
+            )
+        if not opts:
+            if not any(c.feasible for c in profile.configs(name)):
+                raise InfeasibleError(
+                    f"task {name!r} has no feasible configuration in {profile.source}; "
+                    "profile it with more GPUs or another strategy, or drop it"
+                )
+            raise InfeasibleError(
+                f"task {name!r} fits nowhere on this cluster: its configurations "
+                f"({', '.join(why[:4])}) need more GPUs per node or more nodes than the "
+                f"cluster has ({len(node_gpus)} nodes, at most {int(sorted_caps[0])} GPUs each)"
+            )
+        options.append(_prune(opts) if prune else opts)
+    release = np.array([ctx.release(t) for t in tasks], dtype=float)
+    node_avail = np.array([ctx.available(n) for n in node_names], dtype=float)
+    _check_running_fits(running, node_names, node_index, node_gpus)
+    return Problem(tasks, options, node_names, node_gpus, node_avail, release, profile, cluster, ctx)
+
+
+def _check_running_fits(running, node_names, node_index, node_gpus) -> None:
+    used = np.zeros_like(node_gpus)
+    for r in running.values():
+        for n in r.nodes:
+            used[node_index[n]] += r.gpus // len(r.nodes)
+    over = np.nonzero(used > node_gpus)[0]
+    if len(over):
+        n = int(over[0])
+        raise InfeasibleError(
+            f"running tasks hold {int(used[n])} GPUs on node {node_names[n]!r}, which has {int(node_gpus[n])}; "
+            "the planning context is inconsistent"
+        )
+
