@@ -1,0 +1,55 @@
+"""The ``ray-saturn`` command line.
+
+Each subcommand lives in its own module here, exposing ``add_parser(sub)``
+(which registers the subcommand and sets ``func``) and a ``run(args) -> int``.
+Logging is configured here and nowhere else. Every ray_saturn error becomes a
+one-line message on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from ray_saturn.errors import SaturnError
+
+#: Subcommand modules, in help order.
+SUBCOMMANDS = ("plan",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ray-saturn",
+        description="Train many PyTorch models at once on Ray: pick each task's parallelism, "
+        "GPU count and start time jointly.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in SUBCOMMANDS:
+        importlib.import_module(f"ray_saturn.cli.{name}").add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(args.verbose, 2),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return int(args.func(args) or 0)
+    except SaturnError as exc:
+        print(f"ray-saturn {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"ray-saturn {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""``ray-saturn plan PROFILE``: solve a profile table into a plan (contract 2)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ray_saturn.errors import SpecError
+from ray_saturn.plan import Plan
+from ray_saturn.profile_table import ProfileTable
+from ray_saturn.solver import policy_names, solve
+from ray_saturn.spec import ClusterSpec
+
+
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """--nodes/--gpus-per-node or --cluster FILE: shared by plan, simulate and emulate."""
+    p.add_argument("--nodes", type=int, help="number of identical nodes")
+    p.add_argument("--gpus-per-node", type=int, help="GPUs on each node")
+    p.add_argument("--cluster", metavar="FILE", help='heterogeneous cluster JSON: {"nodes": [{"name": "a", "gpus": 8}]}')
+
+
+def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
+    if args.cluster:
+        if args.nodes or args.gpus_per_node:
+            raise SpecError("give either --cluster FILE or --nodes N --gpus-per-node G, not both")
+        return ClusterSpec.from_json(args.cluster)
+    if args.nodes is None or args.gpus_per_node is None:
+        raise SpecError("give --nodes N and --gpus-per-node G (or --cluster FILE)")
+    return ClusterSpec.uniform(args.nodes, args.gpus_per_node)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="solve a profile table into a plan", description=__doc__)
+    p.add_argument("profile", help="profile table (.csv or .parquet), see the README for its columns")
+    add_cluster_args(p)
+    p.add_argument("--policy", default="saturn", help="saturn (default) or a baseline: " + ", ".join(policy_names()))
+    p.add_argument("--time-limit", type=float, default=30.0, metavar="S", help="solver time limit in seconds (30)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    p.add_argument("-o", "--output", metavar="FILE", help="also write the plan JSON to FILE")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cluster = cluster_from_args(args)
+    profile = ProfileTable.read(args.profile)
+    if args.time_limit <= 0:
+        raise SpecError(f"--time-limit is {args.time_limit}; give a positive number of seconds")
+    plan = solve(profile, cluster, args.policy, time_limit_s=args.time_limit, seed=args.seed)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(plan.to_json(indent=2))
+    if args.json:
+        print(plan.to_json())
+    else:
+        print_table(plan)
+    return 0
+
+
+def _fmt_s(s: float) -> str:
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{int(h)}:{int(m):02d}:{sec:04.1f}" if h else f"{int(m)}:{sec:04.1f}"
+
+
+def print_table(plan: Plan, out=sys.stdout) -> None:
+    rows = sorted(plan.assignments, key=lambda a: (a.start_s, a.task))
+    w = max([4] + [len(a.task) for a in rows])
+    print(f"{'task':<{w}}  {'strategy':<14} {'gpus':>4}  {'start':>10} {'end':>10}  nodes", file=out)
+    for a in rows:
+        print(f"{a.task:<{w}}  {a.strategy:<14} {a.gpus:>4}  {_fmt_s(a.start_s):>10} {_fmt_s(a.end_s):>10}  "
+              f"{','.join(a.nodes)}", file=out)
+    print(file=out)
+    print(f"policy {plan.policy}: makespan {plan.makespan_s:.1f} s ({_fmt_s(plan.makespan_s)}), "
+          f"lower bound {plan.lower_bound_s:.1f} s, gap {100 * plan.gap:.1f}% ({plan.status}), "
+          f"solved in {plan.solve_time_s:.2f} s", file=out)
