@@ -257,7 +257,9 @@ def validate_plan(
             if per_node > node_gpus[n]:
                 raise PlanError(f"{where}: needs {per_node} GPUs on node {n!r}, which has {node_gpus[n]}")
             if a.start_s + tol * max(1.0, a.start_s) < ctx.available(n) and not stays:
-                raise PlanError(f"{where}: uses node {n!r} at {a.start_s:.3f} s, before it is available at {ctx.available(n):.3f} s")
+                raise PlanError(
+                    f"{where}: uses node {n!r} at {a.start_s:.3f} s, before it is available at {ctx.available(n):.3f} s"
+                )
             # Ends sort before starts at the same instant (0 < 1).
             events[n].append((a.start_s, 1, per_node, a.task))
             events[n].append((a.end_s, 0, -per_node, a.task))

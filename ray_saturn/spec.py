@@ -147,7 +147,7 @@ class ClusterSpec:
             if not info.get("Alive") or gpus < 1:
                 continue
             node_id = info["NodeID"]
-            nodes.append(NodeSpec(f"node-{node_id[:8]}", int(math.floor(gpus)), node_id))
+            nodes.append(NodeSpec(f"node-{node_id[:8]}", math.floor(gpus), node_id))
         if not nodes:
             raise SpecError(
                 "the Ray cluster has no node with a GPU; start Ray with GPUs "

@@ -28,7 +28,7 @@ import csv
 import math
 import os
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -95,7 +95,7 @@ def _group(rows, key) -> dict:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_app(app: str, root: Path = DEFAULT_ROOT) -> AppTrace:
     d = root / "traces" / app
     if not d.is_dir():
@@ -118,7 +118,7 @@ def load_app(app: str, root: Path = DEFAULT_ROOT) -> AppTrace:
                 xs.append(r - 2)
                 ys.append(sync)
         if multi:
-            for (n, r), rows in scal.items():
+            for (_n, r), rows in scal.items():
                 for _, _, sync in rows:
                     xs.append(r - 2)
                     ys.append(sync)
@@ -196,7 +196,8 @@ def build_rows(
 
 
 def _read_workload(root: Path, k: int) -> list[tuple[str, int, float]]:
-    return [(r["application"], int(r["batch_size"]), float(r["time"])) for r in _read(root / "workloads" / f"workload-{k}.csv")]
+    rows = _read(root / "workloads" / f"workload-{k}.csv")
+    return [(r["application"], int(r["batch_size"]), float(r["time"])) for r in rows]
 
 
 def build_profile(num_tasks: int, num_nodes: int, gpus_per_node: int, **kw):

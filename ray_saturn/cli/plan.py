@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from ray_saturn.errors import SpecError
@@ -17,7 +16,9 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     """--nodes/--gpus-per-node or --cluster FILE: shared by plan, simulate and emulate."""
     p.add_argument("--nodes", type=int, help="number of identical nodes")
     p.add_argument("--gpus-per-node", type=int, help="GPUs on each node")
-    p.add_argument("--cluster", metavar="FILE", help='heterogeneous cluster JSON: {"nodes": [{"name": "a", "gpus": 8}]}')
+    p.add_argument(
+        "--cluster", metavar="FILE", help='heterogeneous cluster JSON: {"nodes": [{"name": "a", "gpus": 8}, ...]}'
+    )
 
 
 def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:

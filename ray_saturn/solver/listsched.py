@@ -15,8 +15,8 @@ decision costs O(number of distinct demands), not O(waiting tasks); this keeps
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_right
 import math
+from bisect import bisect_right
 from collections.abc import Sequence
 
 from ray_saturn.errors import InfeasibleError
@@ -118,9 +118,9 @@ def list_schedule(
             while True:
                 best = None
                 for (q, k), heap in buckets.items():
-                    if heap and (best is None or heap[0][0] < best[0]):
-                        if (k == 1 and max(free) >= q) or (k > 1 and sum(f >= q for f in free) >= k):
-                            best = (heap[0][0], q, k)
+                    fits = (k == 1 and max(free) >= q) or (k > 1 and sum(f >= q for f in free) >= k)
+                    if heap and (best is None or heap[0][0] < best[0]) and fits:
+                        best = (heap[0][0], q, k)
                 if best is None:
                     break
                 _, t = heapq.heappop(buckets[(best[1], best[2])])

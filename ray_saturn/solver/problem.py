@@ -21,7 +21,9 @@ task); :meth:`Problem.to_plan` is the one conversion to the public Plan.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +74,7 @@ class Schedule:
     def makespan(self) -> float:
         if not self.start:
             return 0.0
-        return max(s + d for s, d in zip(self.start, self.durations))
+        return max(s + d for s, d in zip(self.start, self.durations, strict=False))
 
 
 @dataclass
@@ -98,6 +100,21 @@ class Problem:
     @property
     def total_gpus(self) -> int:
         return int(self.node_gpus.sum())
+
+    def pinned_option(self, t: int) -> int | None:
+        """Index of task t's keep-in-place option (a running task), or None."""
+        for i, o in enumerate(self.options[t]):
+            if o.pinned:
+                return i
+        return None
+
+    def choose(self, key: Callable[[int, Option], Any]) -> list[int]:
+        """Per task, the option minimising ``key(task, option)``; a running task's pinned option wins."""
+        out = []
+        for t, opts in enumerate(self.options):
+            p = self.pinned_option(t)
+            out.append(p if p is not None else min(range(len(opts)), key=lambda i: key(t, opts[i])))
+        return out
 
     def durations(self, choice: list[int]) -> list[float]:
         return [self.options[t][o].duration_s for t, o in enumerate(choice)]

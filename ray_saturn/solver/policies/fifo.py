@@ -13,15 +13,7 @@ from __future__ import annotations
 
 from ray_saturn.solver.listsched import list_schedule
 from ray_saturn.solver.policy import Policy, PolicyResult, register_policy
-from ray_saturn.solver.problem import Option, Problem
-
-
-def _pick(problem: Problem, key) -> list[int]:
-    choice = []
-    for opts in problem.options:
-        pinned = [i for i, o in enumerate(opts) if o.pinned]
-        choice.append(pinned[0] if pinned else min(range(len(opts)), key=lambda i: key(opts[i])))
-    return choice
+from ray_saturn.solver.problem import Option
 
 
 class _Fifo(Policy):
@@ -30,7 +22,7 @@ class _Fifo(Policy):
         raise NotImplementedError
 
     def solve(self, problem, bound, *, time_limit_s, seed, on_schedule=None):
-        choice = _pick(problem, self.key)
+        choice = problem.choose(lambda t, o: self.key(o))
         sched = list_schedule(problem, choice, list(range(problem.num_tasks)), strict=True)
         if on_schedule:
             on_schedule(sched)

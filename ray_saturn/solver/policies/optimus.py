@@ -17,10 +17,7 @@ class OptimusGreedy(Policy):
     name = "optimus-greedy"
 
     def solve(self, problem, bound, *, time_limit_s, seed, on_schedule=None):
-        choice = []
-        for opts in problem.options:
-            pinned = [i for i, o in enumerate(opts) if o.pinned]
-            choice.append(pinned[0] if pinned else min(range(len(opts)), key=lambda i: (opts[i].gpus, opts[i].duration_s)))
+        choice = problem.choose(lambda t, o: (o.gpus, o.duration_s))
         budget = problem.total_gpus - sum(problem.options[t][c].gpus for t, c in enumerate(choice))
         while budget > 0:
             best = None

@@ -15,9 +15,9 @@ class RandomPolicy(Policy):
     def solve(self, problem, bound, *, time_limit_s, seed, on_schedule=None):
         rng = random.Random(seed)
         choice = []
-        for opts in problem.options:
-            pinned = [i for i, o in enumerate(opts) if o.pinned]
-            choice.append(pinned[0] if pinned else rng.randrange(len(opts)))
+        for t, opts in enumerate(problem.options):
+            p = problem.pinned_option(t)
+            choice.append(p if p is not None else rng.randrange(len(opts)))
         order = list(range(problem.num_tasks))
         rng.shuffle(order)
         sched = list_schedule(problem, choice, order)

@@ -49,7 +49,9 @@ logger = logging.getLogger(__name__)
 #: Target number of time units in the horizon.
 RESOLUTION = 20_000
 #: Above this many node intervals the exact model is not built (too big to help in time).
-MAX_INTERVALS = 60_000
+MAX_INTERVALS = 12_000
+#: Local-search decodings per second of time limit in deterministic mode.
+EVALS_PER_SECOND = 300
 
 
 def _unit(problem: Problem, horizon_s: float) -> tuple[float, bool]:
@@ -65,10 +67,22 @@ def _unit(problem: Problem, horizon_s: float) -> tuple[float, bool]:
 
 @register_policy
 class SaturnPolicy(Policy):
+    """The default policy: heuristic first plan, then the exact model where it fits.
+
+    Small and medium problems (at most :data:`MAX_INTERVALS` node intervals)
+    give the heuristic a short share of the time limit and CP-SAT the rest;
+    larger ones spend the whole limit in the heuristic's local search, which
+    improves faster than CP-SAT can load and search a model that size.
+
+    With ``deterministic=True`` the limits are counted in work, not seconds
+    (local-search decodings and CP-SAT's deterministic time on one worker), so
+    the plan depends only on the inputs and the seed.
+    """
+
     name = "saturn"
 
-    #: Share of the time limit the heuristic may use before CP-SAT starts.
-    heuristic_share = 0.1
+    def __init__(self, deterministic: bool = False) -> None:
+        self.deterministic = deterministic
 
     def solve(self, problem, bound, *, time_limit_s, seed, on_schedule=None):
         t0 = time.perf_counter()
@@ -80,19 +94,28 @@ class SaturnPolicy(Policy):
             if on_schedule:
                 on_schedule(s)
 
+        n_intervals = sum(len(o) for o in problem.options) * problem.num_nodes
+        exact = n_intervals <= MAX_INTERVALS
+        share = min(5.0, 0.2 * time_limit_s) if exact else time_limit_s
         heur = heuristic_schedule(
-            problem, bound, time_limit_s=min(2.0, self.heuristic_share * time_limit_s), seed=seed, on_schedule=seen
+            problem,
+            bound,
+            time_limit_s=share * (10 if self.deterministic else 1),
+            seed=seed,
+            on_schedule=seen,
+            max_evaluations=int(EVALS_PER_SECOND * share) if self.deterministic else None,
         )
         best = heur.schedule
         if best.makespan <= bound.value * (1 + 1e-9):
             return PolicyResult(best, bound.value, True, first[0] if first else None)
         remaining = time_limit_s - (time.perf_counter() - t0)
-        n_intervals = sum(len(o) for o in problem.options) * problem.num_nodes
-        if remaining < 0.05 or n_intervals > MAX_INTERVALS:
-            if n_intervals > MAX_INTERVALS:
-                logger.info("exact model skipped: %d node intervals > %d", n_intervals, MAX_INTERVALS)
-            return PolicyResult(best, 0.0, False, first[0] if first else None)
-        result = _cp_sat(problem, heur.choice, heur.order, best.makespan, remaining, seed, seen)
+        if not exact:
+            logger.info("exact model skipped: %d node intervals > %d", n_intervals, MAX_INTERVALS)
+            return PolicyResult(best, 0.0, False, first[0])
+        if remaining < 0.05 and not self.deterministic:
+            return PolicyResult(best, 0.0, False, first[0])
+        budget = time_limit_s - share if self.deterministic else remaining
+        result = _cp_sat(problem, heur.choice, heur.order, best.makespan, budget, seed, seen, self.deterministic)
         if result is None:
             return PolicyResult(best, 0.0, False, first[0])
         sched, proven, optimal = result
@@ -103,14 +126,15 @@ class SaturnPolicy(Policy):
         return PolicyResult(best, proven, optimal, first[0])
 
 
-def _cp_sat(problem: Problem, choice, order, ub_s: float, time_limit_s: float, seed: int, on_schedule):
+def _cp_sat(problem: Problem, choice, order, ub_s: float, time_limit_s: float, seed: int, on_schedule,
+            deterministic: bool = False):
     from ortools.sat.python import cp_model
 
     unit, exact = _unit(problem, ub_s)
     D = [[max(1, math.ceil(o.duration_s / unit - 1e-9)) for o in opts] for opts in problem.options]
     # A hint that is feasible under the rounded durations, and the horizon it implies.
     hint = list_schedule(problem, choice, order, durations=[D[t][c] * unit for t, c in enumerate(choice)])
-    horizon = int(math.ceil(hint.makespan / unit - 1e-9))
+    horizon = math.ceil(hint.makespan / unit - 1e-9)
     m = cp_model.CpModel()
     n_nodes = problem.num_nodes
     caps = [int(g) for g in problem.node_gpus]
@@ -120,7 +144,7 @@ def _cp_sat(problem: Problem, choice, order, ub_s: float, time_limit_s: float, s
     C = m.NewIntVar(0, horizon, "makespan")
     starts, xs, ys = [], [], []
     for n in range(n_nodes):
-        block = int(math.ceil(problem.node_avail[n] / unit - 1e-9))
+        block = math.ceil(problem.node_avail[n] / unit - 1e-9)
         if block > 0:
             iv = m.NewFixedSizeIntervalVar(0, block, f"blocked_{n}")
             node_iv[n].append(iv)
@@ -128,7 +152,7 @@ def _cp_sat(problem: Problem, choice, order, ub_s: float, time_limit_s: float, s
             all_iv.append(iv)
             all_dem.append(caps[n])
     for t, opts in enumerate(problem.options):
-        rel = int(math.ceil(problem.release[t] / unit - 1e-9))
+        rel = math.ceil(problem.release[t] / unit - 1e-9)
         s = m.NewIntVar(rel, max(rel, horizon - min(D[t])), f"s_{t}")
         starts.append(s)
         xt, yt = [], []
@@ -160,7 +184,7 @@ def _cp_sat(problem: Problem, choice, order, ub_s: float, time_limit_s: float, s
                 node_dem[n].append(opt.per_node)
             yt.append(yo)
         m.AddExactlyOne(xt)
-        m.Add(C >= s + sum(D[t][o] * xt[o] for o in range(len(opts))))
+        m.Add(s + sum(D[t][o] * xt[o] for o in range(len(opts))) <= C)
         xs.append(xt)
         ys.append(yt)
     for n in range(n_nodes):
@@ -171,7 +195,7 @@ def _cp_sat(problem: Problem, choice, order, ub_s: float, time_limit_s: float, s
     # Warm start.
     for t in range(problem.num_tasks):
         c = hint.option[t]
-        m.AddHint(starts[t], int(round(hint.start[t] / unit)))
+        m.AddHint(starts[t], round(hint.start[t] / unit))
         for o, x in enumerate(xs[t]):
             m.AddHint(x, o == c)
             for n, y in ys[t][o].items():
@@ -181,9 +205,14 @@ def _cp_sat(problem: Problem, choice, order, ub_s: float, time_limit_s: float, s
 
     solver = cp_model.CpSolver()
     p = solver.parameters
-    p.max_time_in_seconds = max(0.05, time_limit_s)
     p.random_seed = seed
-    p.num_workers = 2 if time_limit_s >= 1 else 1
+    if deterministic:
+        p.max_deterministic_time = max(0.05, time_limit_s)
+        p.max_time_in_seconds = max(1.0, 10 * time_limit_s)  # a safety net only
+        p.num_workers = 1
+    else:
+        p.max_time_in_seconds = max(0.05, time_limit_s)
+        p.num_workers = 2 if time_limit_s >= 1 else 1
     p.log_search_progress = False
 
     def extract() -> Schedule:
