@@ -31,9 +31,16 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
     return ClusterSpec.uniform(args.nodes, args.gpus_per_node)
 
 
+def example_profile_path() -> str:
+    from importlib.resources import files
+
+    return str(files("ray_saturn") / "examples_data" / "model_selection_profile.csv")
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="solve a profile table into a plan", description=__doc__)
-    p.add_argument("profile", help="profile table (.csv or .parquet), see the README for its columns")
+    p.add_argument("profile", nargs="?", help="profile table (.csv or .parquet), see the README for its columns")
+    p.add_argument("--example", action="store_true", help="plan the shipped example profile (24 jobs, Pollux traces)")
     add_cluster_args(p)
     p.add_argument("--policy", default="saturn", help="saturn (default) or a baseline: " + ", ".join(policy_names()))
     p.add_argument("--time-limit", type=float, default=30.0, metavar="S", help="solver time limit in seconds (30)")
@@ -45,7 +52,9 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cluster = cluster_from_args(args)
-    profile = ProfileTable.read(args.profile)
+    if args.example == bool(args.profile):
+        raise SpecError("give a PROFILE file or --example (one of them)")
+    profile = ProfileTable.read(args.profile or example_profile_path())
     if args.time_limit <= 0:
         raise SpecError(f"--time-limit is {args.time_limit}; give a positive number of seconds")
     plan = solve(profile, cluster, args.policy, time_limit_s=args.time_limit, seed=args.seed)
@@ -65,7 +74,8 @@ def _fmt_s(s: float) -> str:
     return f"{int(h)}:{int(m):02d}:{sec:04.1f}" if h else f"{int(m)}:{sec:04.1f}"
 
 
-def print_table(plan: Plan, out=sys.stdout) -> None:
+def print_table(plan: Plan, out=None) -> None:
+    out = out or sys.stdout
     rows = sorted(plan.assignments, key=lambda a: (a.start_s, a.task))
     w = max([4] + [len(a.task) for a in rows])
     print(f"{'task':<{w}}  {'strategy':<14} {'gpus':>4}  {'start':>10} {'end':>10}  nodes", file=out)

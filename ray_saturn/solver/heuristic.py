@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,12 +98,15 @@ def heuristic_schedule(
     seed: int = 0,
     on_schedule: Callable[[Schedule], None] | None = None,
     max_evaluations: int | None = None,
+    candidates: Sequence[Schedule] = (),
 ) -> HeuristicResult:
     """Best schedule from the allotment sweep, then local search until ``time_limit_s``.
 
     The local search also stops after ``max_evaluations`` decodings (when
     given: then the result depends only on the seed, not on the machine's
-    speed) or after :data:`STALL` decodings without improvement.
+    speed) or after :data:`STALL` decodings without improvement. ``candidates``
+    (e.g. the baselines' schedules) are kept if they beat everything found, so
+    the result is never worse than any of them.
     """
     t0 = time.perf_counter()
     deadline = t0 + max(0.0, time_limit_s)
@@ -126,6 +129,12 @@ def heuristic_schedule(
             return True
         return False
 
+    for cand in candidates:
+        if best is None or cand.makespan < best.schedule.makespan - 1e-9:
+            order = sorted(range(problem.num_tasks), key=lambda t: (cand.start[t], t))
+            best = HeuristicResult(cand, list(cand.option), order, 0)
+            if on_schedule:
+                on_schedule(cand)
     lp_start: HeuristicResult | None = None
     for i, choice in enumerate(_allotments(problem, bound)):
         for order in _orders(problem, choice):

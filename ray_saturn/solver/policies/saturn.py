@@ -41,7 +41,7 @@ import time
 
 from ray_saturn.solver.heuristic import heuristic_schedule
 from ray_saturn.solver.listsched import list_schedule
-from ray_saturn.solver.policy import Policy, PolicyResult, register_policy
+from ray_saturn.solver.policy import Policy, PolicyResult, get_policy, register_policy
 from ray_saturn.solver.problem import Problem, Schedule
 
 logger = logging.getLogger(__name__)
@@ -94,6 +94,11 @@ class SaturnPolicy(Policy):
             if on_schedule:
                 on_schedule(s)
 
+        # The baselines are cheap: their schedules seed the search, so saturn is never worse.
+        baselines = [
+            get_policy(name).solve(problem, bound, time_limit_s=0, seed=seed).schedule
+            for name in ("fifo-fastest", "fifo-min-gpus", "fifo-whole-node", "optimus-greedy")
+        ]
         n_intervals = sum(len(o) for o in problem.options) * problem.num_nodes
         exact = n_intervals <= MAX_INTERVALS
         share = min(5.0, 0.2 * time_limit_s) if exact else time_limit_s
@@ -104,6 +109,7 @@ class SaturnPolicy(Policy):
             seed=seed,
             on_schedule=seen,
             max_evaluations=int(EVALS_PER_SECOND * share) if self.deterministic else None,
+            candidates=baselines,
         )
         best = heur.schedule
         if best.makespan <= bound.value * (1 + 1e-9):

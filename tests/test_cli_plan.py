@@ -1,0 +1,92 @@
+"""`ray-saturn plan`: contract 2 output and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ray_saturn import ClusterSpec, Plan, ProfileTable, validate_plan
+from ray_saturn.cli import main
+
+
+def run_cli(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def profile_csv(tmp_path, small_profile):
+    return str(small_profile.write(tmp_path / "profile.csv"))
+
+
+def test_plan_json_is_contract_2(capsys, profile_csv, small_profile):
+    code, out, err = run_cli(capsys, "plan", profile_csv, "--nodes", "2", "--gpus-per-node", "2", "--json",
+                             "--time-limit", "5")
+    assert code == 0, err
+    data = json.loads(out)
+    assert set(data) >= {"policy", "makespan_s", "lower_bound_s", "solve_time_s", "status", "assignments"}
+    assert data["policy"] == "saturn" and data["status"] in ("optimal", "feasible")
+    for a in data["assignments"]:
+        assert set(a) >= {"task", "strategy", "gpus", "nodes", "start_s", "end_s"}
+    validate_plan(Plan.from_dict(data), small_profile, ClusterSpec.uniform(2, 2))
+
+
+def test_plan_table_and_heterogeneous_cluster(capsys, tmp_path, profile_csv):
+    cfile = tmp_path / "cluster.json"
+    cfile.write_text(json.dumps({"nodes": [{"name": "big", "gpus": 4}, {"name": "small", "gpus": 2}]}))
+    code, out, err = run_cli(capsys, "plan", profile_csv, "--cluster", str(cfile), "--policy", "fifo-whole-node",
+                             "-o", str(tmp_path / "plan.json"))
+    assert code == 0, err
+    assert "makespan" in out and "lower bound" in out and "gap" in out
+    plan = Plan.from_json((tmp_path / "plan.json").read_text())
+    assert plan.policy == "fifo-whole-node"
+
+
+def test_example_profile_plans(capsys):
+    code, out, err = run_cli(capsys, "plan", "--example", "--nodes", "4", "--gpus-per-node", "4", "--json",
+                             "--time-limit", "3")
+    assert code == 0, err
+    assert len(json.loads(out)["assignments"]) == 24
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["plan", "missing.csv", "--nodes", "1", "--gpus-per-node", "1"], "missing.csv: no such profile file"),
+        (["plan", "PROFILE", "--nodes", "1"], "give --nodes N and --gpus-per-node G"),
+        (["plan", "PROFILE", "--nodes", "1", "--gpus-per-node", "1"], "task 'c' fits nowhere on this cluster"),
+        (["plan", "PROFILE", "--nodes", "2", "--gpus-per-node", "2", "--policy", "magic"], "unknown policy 'magic'"),
+        (["plan", "PROFILE", "--nodes", "0", "--gpus-per-node", "2"], "number of nodes is 0"),
+        (["plan", "PROFILE", "--nodes", "2", "--gpus-per-node", "2", "--time-limit", "0"], "--time-limit is 0.0"),
+        (["plan", "BAD", "--nodes", "2", "--gpus-per-node", "2"], "row 1: step_time_s is -1.0"),
+        (["plan", "--nodes", "2", "--gpus-per-node", "2"], "give a PROFILE file or --example"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, profile_csv, args, message):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("task,strategy,gpus,step_time_s,steps\na,ddp,1,-1,3\n")
+    args = [profile_csv if a == "PROFILE" else str(bad) if a == "BAD" else a for a in args]
+    code, _out, err = run_cli(capsys, *args)
+    assert code == 2
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_console_script_runs(tmp_path, profile_csv):
+    proc = subprocess.run([sys.executable, "-c", "from ray_saturn.cli import main; raise SystemExit(main())",
+                           "plan", profile_csv, "--nodes", "2", "--gpus-per-node", "2", "--json",
+                           "--time-limit", "2"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["assignments"]
+
+
+def test_profile_round_trip_through_cli(capsys, tmp_path, small_profile):
+    pq = small_profile.write(tmp_path / "p.parquet")
+    code, out, _ = run_cli(capsys, "plan", str(pq), "--nodes", "2", "--gpus-per-node", "2", "--json",
+                           "--time-limit", "2")
+    assert code == 0
+    assert ProfileTable.read(pq).tasks == [a["task"] for a in json.loads(out)["assignments"]]

@@ -1,0 +1,113 @@
+"""Contract 2: the plan's JSON and the independent validator, one test per broken rule."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ray_saturn import Assignment, ClusterSpec, Plan, PlanError, PlanningContext, RunningTask, validate_plan
+from ray_saturn.solver import solve
+
+CLUSTER = ClusterSpec.uniform(2, 2)
+
+
+def good_plan():
+    # a: 2 GPUs 60 s on node-0; b: 4 GPUs over 2 nodes 30 s after a; c: 2 GPUs 20 s on node-1.
+    return Plan(
+        "hand",
+        90.0,
+        80.0,
+        0.0,
+        "feasible",
+        [
+            Assignment("a", "ddp", 2, ("node-0",), 0.0, 60.0),
+            Assignment("b", "fsdp", 4, ("node-0", "node-1"), 60.0, 90.0),
+            Assignment("c", "ddp", 2, ("node-1",), 0.0, 20.0),
+        ],
+    )
+
+
+def test_good_plan_passes_and_round_trips(small_profile):
+    plan = good_plan()
+    validate_plan(plan, small_profile, CLUSTER)
+    again = Plan.from_json(plan.to_json())
+    assert again == plan
+    assert set(plan.to_dict()) == {"policy", "makespan_s", "lower_bound_s", "solve_time_s", "status", "assignments"}
+
+
+def mutate(plan, i, **kw):
+    out = dataclasses.replace(plan, assignments=list(plan.assignments))
+    out.assignments[i] = dataclasses.replace(out.assignments[i], **kw)
+    return out
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda p: mutate(p, 0, gpus=3), "is not a profiled configuration"),
+        (lambda p: mutate(p, 0, end_s=61.0), "runs 61.000000 s but the profile says"),
+        (lambda p: mutate(p, 2, start_s=65.0, end_s=85.0), "node 'node-1' holds 4 GPUs at 65.000 s"),
+        (lambda p: mutate(p, 1, nodes=("node-0", "node-0")), "are not distinct"),
+        (lambda p: mutate(p, 0, nodes=("node-9",)), "node 'node-9' is not in the cluster"),
+        (lambda p: mutate(p, 1, start_s=50.0, end_s=80.0), "holds 4 GPUs at 50.000 s"),
+        (lambda p: dataclasses.replace(p, assignments=p.assignments[:2]), "no assignment for task(s) c"),
+        (lambda p: dataclasses.replace(p, assignments=[*p.assignments, p.assignments[0]]), "appears twice"),
+        (lambda p: dataclasses.replace(p, makespan_s=80.0), "makespan 80.0 is not its last end time 90.0"),
+        (lambda p: dataclasses.replace(p, lower_bound_s=95.0), "lower bound 95.0 is above its makespan"),
+        (lambda p: dataclasses.replace(p, status="great"), "status 'great' must be one of"),
+        (lambda p: mutate(p, 0, start_s=-5.0, end_s=55.0), "before time 0"),
+    ],
+)
+def test_each_broken_rule_is_caught(small_profile, change, message):
+    with pytest.raises(PlanError) as exc:
+        validate_plan(change(good_plan()), small_profile, CLUSTER)
+    assert message in str(exc.value)
+
+
+def test_infeasible_rows_and_small_nodes(small_profile):
+    from ray_saturn import ProfileTable
+
+    prof = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 4, "step_time_s": None, "steps": 1,
+                                    "feasible": False},
+                                   {"task": "a", "strategy": "ddp", "gpus": 2, "step_time_s": 1.0, "steps": 1}])
+    bad = Plan("x", 1, 0, 0, "feasible", [Assignment("a", "ddp", 4, ("node-0",), 0, 1)])
+    with pytest.raises(PlanError, match="marked infeasible"):
+        validate_plan(bad, prof, CLUSTER)
+    small = ClusterSpec.uniform(1, 1)
+    bad = Plan("x", 1, 0, 0, "feasible", [Assignment("a", "ddp", 2, ("node-0",), 0, 1)])
+    with pytest.raises(PlanError, match="needs 2 GPUs on node 'node-0', which has 1"):
+        validate_plan(bad, prof, small)
+
+
+def test_context_rules(small_profile):
+    plan = good_plan()
+    with pytest.raises(PlanError, match=r"before its release at 5\.000 s"):
+        validate_plan(plan, small_profile, CLUSTER, PlanningContext(release_s={"a": 5.0}))
+    with pytest.raises(PlanError, match="before it is available"):
+        validate_plan(plan, small_profile, CLUSTER, PlanningContext(node_available_s={"node-1": 1.0}))
+    # c running on node-1 and kept in place: fine as is.
+    ctx = PlanningContext(running=(RunningTask("c", "ddp", 2, ("node-1",), restart_s=7.0),))
+    validate_plan(plan, small_profile, CLUSTER, ctx)
+    # a moved from node-1 to node-0 must pay the restart.
+    ctx = PlanningContext(running=(RunningTask("a", "ddp", 2, ("node-1",), restart_s=7.0),))
+    with pytest.raises(PlanError, match=r"set-up is 0\.0 s but must be 7\.0 s"):
+        validate_plan(plan, small_profile, CLUSTER, ctx)
+    ctx = PlanningContext(running=(RunningTask("a", "ddp", 2, ("node-0",), restart_s=7.0, movable=False),))
+    with pytest.raises(PlanError, match="may not be moved"):
+        validate_plan(mutate(plan, 0, gpus=1, nodes=("node-0",), end_s=100.0), small_profile, CLUSTER, ctx)
+
+
+def test_malformed_plan_json():
+    with pytest.raises(PlanError, match="not valid JSON"):
+        Plan.from_json("{")
+    with pytest.raises(PlanError, match="missing"):
+        Plan.from_json("{}")
+    with pytest.raises(PlanError, match="malformed assignment"):
+        Plan.from_json('{"policy":"x","makespan_s":1,"lower_bound_s":0,"status":"feasible","assignments":[{}]}')
+
+
+def test_solver_plans_pass_the_validator(small_profile):
+    for cluster in (CLUSTER, ClusterSpec.from_dict({"nodes": [{"name": "x", "gpus": 4}, {"name": "y", "gpus": 2}]})):
+        plan = solve(small_profile, cluster, time_limit_s=2)
+        validate_plan(plan, small_profile, cluster)

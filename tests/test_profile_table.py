@@ -1,0 +1,87 @@
+"""Contract 1: the profile table, its I/O and every kind of malformed input."""
+
+from __future__ import annotations
+
+import pytest
+
+from ray_saturn import ProfileError, ProfileTable
+
+HEADER = "task,strategy,gpus,nodes,step_time_s,steps,feasible,peak_mem_gb\n"
+
+
+def write(tmp_path, text, name="p.csv"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_csv_round_trip_keeps_extra_columns(tmp_path):
+    p = write(tmp_path, HEADER.strip() + ",note\n" + "a,ddp,2,1,1.5,10,true,3.2,hello\na,fsdp,4,2,,10,false,,oom\n")
+    t = ProfileTable.read(p)
+    assert t.tasks == ["a"]
+    assert [c.runtime_s for c in t.configs("a", feasible_only=True)] == [15.0]
+    assert not t.get("a", "fsdp", 4, 2).feasible
+    out = t.write(tmp_path / "out.parquet")
+    again = ProfileTable.read(out)
+    assert again.to_arrow().column("note").to_pylist() == ["hello", "oom"]
+    assert [c.key for c in again] == [c.key for c in t]
+    csv_out = t.write(tmp_path / "out.csv")
+    assert [c.key for c in ProfileTable.read(csv_out)] == [c.key for c in t]
+
+
+def test_defaults_for_optional_columns(tmp_path):
+    p = write(tmp_path, "task,strategy,gpus,step_time_s,steps\nb,ddp,1,2.0,3\n")
+    (c,) = ProfileTable.read(p)
+    assert (c.nodes, c.feasible, c.peak_mem_gb) == (1, True, None)
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("task,strategy,gpus,steps\na,ddp,1,3\n", "missing column(s) step_time_s"),
+        (HEADER + "a,ddp,1,1,-2,10,true,\n", "row 1: step_time_s is -2.0; it must be a finite number > 0"),
+        (HEADER + "a,ddp,1,1,1,10,true,\na,ddp,1,1,2,10,true,\n", "row 2: duplicate of row 1"),
+        (HEADER + "a,ddp,0,1,1,10,true,\n", "row 1: gpus is 0; it must be at least 1"),
+        (HEADER + "a,ddp,1.5,1,1,10,true,\n", "row 1: gpus is 1.5; give a whole number"),
+        (HEADER + "a,ddp,4,3,1,10,true,\n", "4 GPUs over 3 nodes do not split evenly"),
+        (HEADER + "a,ddp,1,1,,10,true,\n", "step_time_s is empty but the row is feasible"),
+        (HEADER + "../etc,ddp,1,1,1,10,true,\n", "task name '../etc' is not allowed"),
+        (HEADER + "a,ddp,1,1,1,0,true,\n", "row 1: steps is 0"),
+        (HEADER + "a,ddp,1,1,1,10,maybe,\n", "feasible is 'maybe'; use true or false"),
+        (HEADER + "a,,1,1,1,10,true,\n", "strategy is empty"),
+        (HEADER + "a,ddp,1,1,1,10,true,-1\n", "peak_mem_gb is -1.0"),
+        (HEADER, "the profile has no rows"),
+    ],
+)
+def test_malformed_profiles_give_one_line_errors(tmp_path, body, message):
+    p = write(tmp_path, body)
+    with pytest.raises(ProfileError) as exc:
+        ProfileTable.read(p)
+    assert message in str(exc.value)
+    assert "\n" not in str(exc.value)
+    assert str(p) in str(exc.value)
+
+
+def test_unreadable_and_unknown_files(tmp_path):
+    with pytest.raises(ProfileError, match="no such profile file"):
+        ProfileTable.read(tmp_path / "nope.csv")
+    with pytest.raises(ProfileError, match="unknown profile format"):
+        ProfileTable.read(write(tmp_path, "x", name="p.txt"))
+    with pytest.raises(ProfileError, match="cannot parse"):
+        ProfileTable.read(write(tmp_path, "\x00\x01garbage", name="p.parquet"))
+
+
+def test_unregistered_strategy_and_infeasible_task(small_profile):
+    with pytest.raises(ProfileError, match=r"strategy 'fsdp' is not registered \(registered: ddp\)"):
+        small_profile.check_strategies(["ddp"])
+    small_profile.check_strategies(["ddp", "fsdp"])
+    t = ProfileTable.from_rows([{"task": "x", "strategy": "ddp", "gpus": 1, "step_time_s": None, "steps": 3,
+                                 "feasible": False}])
+    with pytest.raises(ProfileError, match="task 'x' has no feasible configuration"):
+        t.check_feasible()
+
+
+def test_replace_builds_remaining_work(small_profile):
+    rest = small_profile.replace(lambda c: None if c.task == "c" else type(c)(**{**c.__dict__, "steps": 5}))
+    assert rest.tasks == ["a", "b"]
+    assert all(c.steps == 5 for c in rest)

@@ -1,0 +1,73 @@
+"""Task and cluster descriptions: validation with errors that say how to fix them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ray_saturn import ClusterSpec, NodeSpec, SpecError, Task
+from ray_saturn.spec import check_name
+
+
+@pytest.mark.parametrize("bad", ["", "..", ".", "a/b", "../x", "a\x00b", "-rf", ".hidden", "a b", "x" * 200, 7])
+def test_names_that_could_escape_a_folder_are_rejected(bad):
+    with pytest.raises(SpecError):
+        check_name(bad)
+
+
+@pytest.mark.parametrize("good", ["bert-4", "gpt_lr1e-3", "a.b", "x+y=z", "A9"])
+def test_ordinary_names_pass(good):
+    assert check_name(good) == good
+
+
+def make_task(**kw):
+    args = dict(
+        name="mlp",
+        model=lambda hp: torch.nn.Linear(2, 1),
+        data=lambda hp: [],
+        loss=lambda out, batch: out.sum(),
+        optimizer=lambda params, hp: torch.optim.SGD(params, lr=0.1),
+        max_steps=10,
+    )
+    args.update(kw)
+    return Task(**args)
+
+
+def test_task_validation():
+    assert make_task().total_steps == 10
+    assert make_task(max_steps=None, epochs=3, steps_per_epoch=7).total_steps == 21
+    with pytest.raises(SpecError, match="exactly one of epochs= or max_steps="):
+        make_task(epochs=2)
+    with pytest.raises(SpecError, match="needs steps_per_epoch"):
+        make_task(max_steps=None, epochs=2)
+    with pytest.raises(SpecError, match="model must be callable"):
+        make_task(model=3)
+    with pytest.raises(SpecError, match="not allowed"):
+        make_task(name="../../etc")
+    with pytest.raises(SpecError, match="max_steps is 0"):
+        make_task(max_steps=0)
+    assert make_task(strategies="ddp").strategies == ("ddp",)
+
+
+def test_cluster_specs(tmp_path):
+    c = ClusterSpec.uniform(3, 4)
+    assert c.total_gpus == 12 and c.names == ("node-0", "node-1", "node-2")
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps({"nodes": [{"name": "big", "gpus": 8}, {"name": "small", "gpus": 2}]}))
+    h = ClusterSpec.from_json(f)
+    assert [n.gpus for n in h.nodes] == [8, 2]
+    assert ClusterSpec.from_dict(h.to_dict()) == h
+    with pytest.raises(SpecError, match="appears twice"):
+        ClusterSpec((NodeSpec("a", 1), NodeSpec("a", 2)))
+    with pytest.raises(SpecError, match="no nodes"):
+        ClusterSpec(())
+    with pytest.raises(SpecError, match="GPUs per node is 0; it must be at least 1"):
+        ClusterSpec.uniform(2, 0)
+    f.write_text("{not json")
+    with pytest.raises(SpecError, match="not a readable JSON cluster file"):
+        ClusterSpec.from_json(f)
+    f.write_text('{"nodes": [{"gpus": 2}]}')
+    with pytest.raises(SpecError, match='must be an object with "name" and "gpus"'):
+        ClusterSpec.from_json(f)
