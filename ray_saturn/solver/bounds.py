@@ -21,6 +21,15 @@ until ``u_n``; ``G = sum_n G_n``.
   for ``T >= theta``; we first solve with ``theta = 0`` (no node blocked),
   then again with ``theta`` set to that bound. The LP dominates both simple
   bounds when no node is blocked; we report the maximum anyway.
+- Exclusive-task bound: whatever option ``o`` task ``t`` runs with, the other
+  tasks get at most ``G - g_o`` GPUs while it runs, so with ``A_t`` the least
+  area of all other tasks::
+
+      T >= min_o [ d_o + max(0, A_t - (G - g_o) d_o) / G ]      for each t
+
+  It catches what the LP's fractional mix hides: one wide, long task that
+  must either share the cluster slowly or hold all of it. (Computed when no
+  node is blocked.)
 
 The LP also gives fractional allotments that the heuristic rounds.
 """
@@ -45,12 +54,13 @@ class LowerBound:
     area: float
     lp: float
     lp_mix: list[np.ndarray] | None = None
+    exclusive: float = 0.0
 
     @property
     def binding(self) -> str:
-        """Which bound is the best: 'length', 'area' or 'lp'."""
-        best = max(("lp", self.lp), ("area", self.area), ("length", self.length), key=lambda kv: kv[1])
-        return best[0]
+        """Which bound is the best: 'lp', 'area', 'length' or 'exclusive'."""
+        pairs = (("lp", self.lp), ("area", self.area), ("length", self.length), ("exclusive", self.exclusive))
+        return max(pairs, key=lambda kv: kv[1])[0]
 
 
 def _capacity_time(work: float, gpus: np.ndarray, avail: np.ndarray) -> float:
@@ -81,6 +91,20 @@ def length_bound(problem: Problem) -> float:
 def area_bound(problem: Problem) -> float:
     work = sum(min(o.area for o in opts) for opts in problem.options)
     return _capacity_time(work, problem.node_gpus, problem.node_avail)
+
+
+def exclusive_bound(problem: Problem) -> float:
+    if (problem.node_avail > 0).any():
+        return 0.0
+    G = float(problem.total_gpus)
+    min_area = [min(o.area for o in opts) for opts in problem.options]
+    total = sum(min_area)
+    best = 0.0
+    for t, opts in enumerate(problem.options):
+        rest = total - min_area[t]
+        value = min(o.duration_s + max(0.0, rest - (G - o.gpus) * o.duration_s) / G for o in opts)
+        best = max(best, value)
+    return best
 
 
 def _solve_lp(problem: Problem, blocked: float) -> tuple[float, list[np.ndarray]] | None:
@@ -131,4 +155,5 @@ def lower_bound(problem: Problem, *, use_lp: bool = True) -> LowerBound:
                 again = _solve_lp(problem, blocked)
                 if again is not None:
                     lp, mix = max(lp, again[0]), again[1]
-    return LowerBound(max(length, area, lp), length, area, lp, mix)
+    excl = exclusive_bound(problem)
+    return LowerBound(max(length, area, lp, excl), length, area, lp, mix, excl)

@@ -1,0 +1,83 @@
+"""Solver benchmark: every policy on Pollux-derived profiles, as ratios to the lower bound.
+
+For each (tasks, cluster) instance it prints, per policy, makespan / lower
+bound and solve time; for ``saturn`` also the time to its first valid plan,
+whether it proved optimality, and its makespan reduction against
+``fifo-whole-node``. All ratios in a row come from the same run.
+
+Usage:
+    python release/solver_benchmark.py                   # the full table (about 6 minutes)
+    python release/solver_benchmark.py --quick           # smaller time limits
+    python release/solver_benchmark.py --tasks 64 --clusters 4x4 --time-limit 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pollux
+
+from ray_saturn import ClusterSpec
+from ray_saturn.solver import build_problem, lower_bound, solve_problem
+
+BASELINES = ("fifo-whole-node", "fifo-min-gpus", "fifo-fastest", "optimus-greedy", "random")
+
+
+def run_instance(n_tasks: int, nodes: int, gpn: int, time_limit: float, seed: int) -> dict:
+    profile, _ = pollux.build_profile(n_tasks, nodes, gpn)
+    cluster = ClusterSpec.uniform(nodes, gpn)
+    t0 = time.perf_counter()
+    problem = build_problem(profile, cluster)
+    bound = lower_bound(problem)
+    bound_time = time.perf_counter() - t0
+    row = {"tasks": n_tasks, "cluster": f"{nodes}x{gpn}", "lb": bound.value, "binding": bound.binding,
+           "bound_time": bound_time, "policies": {}}
+    for name in BASELINES:
+        plan = solve_problem(problem, name, bound=bound, seed=seed)
+        row["policies"][name] = (plan.makespan_s, plan.solve_time_s)
+    first: list[float] = []
+    t0 = time.perf_counter()
+    plan = solve_problem(problem, "saturn", bound=bound, time_limit_s=time_limit, seed=seed,
+                         on_plan=lambda p: first.append(time.perf_counter() - t0) if not first else None)
+    row["policies"]["saturn"] = (plan.makespan_s, plan.solve_time_s)
+    row["saturn_first_s"] = first[0] if first else float("nan")
+    row["saturn_status"] = plan.status
+    row["saturn_lb"] = plan.lower_bound_s  # may be raised by CP-SAT's proven bound
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", type=int, nargs="*", default=[16, 64, 256])
+    ap.add_argument("--clusters", nargs="*", default=["4x4", "16x4", "16x8"])
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help="saturn's limit; default 30 s, 60 s for 256 tasks on 16x8")
+    ap.add_argument("--quick", action="store_true", help="5 s limits (for a smoke run)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    print("| tasks | cluster | bound | " + " | ".join(("saturn", *BASELINES))
+          + " | saturn time | first plan | saturn vs fifo-whole-node |")
+    print("|---" * (6 + len(BASELINES)) + "|")
+    for n in args.tasks:
+        for c in args.clusters:
+            nodes, gpn = (int(x) for x in c.split("x"))
+            limit = args.time_limit or (60.0 if (n >= 256 and nodes * gpn >= 128) else 30.0)
+            if args.quick:
+                limit = 5.0
+            row = run_instance(n, nodes, gpn, limit, args.seed)
+            lb = row["lb"]
+            ratios = [row["policies"][p][0] / lb for p in ("saturn", *BASELINES)]
+            sat, fifo = row["policies"]["saturn"][0], row["policies"]["fifo-whole-node"][0]
+            status = " (optimal)" if row["saturn_status"] == "optimal" else ""
+            print(f"| {n} | {c} | {row['binding']} | " + " | ".join(f"{r:.3f}" for r in ratios)
+                  + f" | {row['policies']['saturn'][1]:.1f} s{status} | {row['saturn_first_s']:.3f} s"
+                  + f" | -{100 * (1 - sat / fifo):.0f}% |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
