@@ -46,6 +46,16 @@ def test_plan_table_and_heterogeneous_cluster(capsys, tmp_path, profile_csv):
     assert plan.policy == "fifo-whole-node"
 
 
+def test_deterministic_flag_gives_the_same_plan(capsys, profile_csv):
+    outs = []
+    for _ in range(2):
+        code, out, err = run_cli(capsys, "plan", profile_csv, "--nodes", "2", "--gpus-per-node", "2", "--json",
+                                 "--time-limit", "1", "--deterministic", "--seed", "3")
+        assert code == 0, err
+        outs.append(json.loads(out)["assignments"])
+    assert outs[0] == outs[1]
+
+
 def test_example_profile_plans(capsys):
     code, out, err = run_cli(capsys, "plan", "--example", "--nodes", "4", "--gpus-per-node", "4", "--json",
                              "--time-limit", "3")

@@ -45,6 +45,8 @@ def add_parser(sub) -> None:
     p.add_argument("--policy", default="saturn", help="saturn (default) or a baseline: " + ", ".join(policy_names()))
     p.add_argument("--time-limit", type=float, default=30.0, metavar="S", help="solver time limit in seconds (30)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--deterministic", action="store_true",
+                   help="count the saturn search in work, not seconds: the same plan for the same seed on any machine")
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     p.add_argument("-o", "--output", metavar="FILE", help="also write the plan JSON to FILE")
     p.set_defaults(func=run)
@@ -57,7 +59,14 @@ def run(args: argparse.Namespace) -> int:
     profile = ProfileTable.read(args.profile or example_profile_path())
     if args.time_limit <= 0:
         raise SpecError(f"--time-limit is {args.time_limit}; give a positive number of seconds")
-    plan = solve(profile, cluster, args.policy, time_limit_s=args.time_limit, seed=args.seed)
+    policy = args.policy
+    if args.deterministic:
+        if policy != "saturn":
+            raise SpecError("--deterministic applies to the saturn policy only (the baselines are deterministic)")
+        from ray_saturn.solver.policies.saturn import SaturnPolicy
+
+        policy = SaturnPolicy(deterministic=True)
+    plan = solve(profile, cluster, policy, time_limit_s=args.time_limit, seed=args.seed)
     if args.output:
         with open(args.output, "w") as f:
             f.write(plan.to_json(indent=2))
