@@ -98,7 +98,10 @@ class Controller:
             relaunch); update it with :meth:`set_restart_cost` once measured.
         solver_time_limit_s: time limit of each solver call.
         min_replan_gap_s: re-plans closer than this to the previous one are
-            deferred to a wake-up (see :meth:`next_wakeup_s`).
+            deferred to a wake-up (see :meth:`next_wakeup_s`); the gap is at
+            least ``min_replan_gap_fraction`` x the first plan's makespan.
+        on_plan: called with every plan the controller installs and the
+            :class:`ReplanInput` it was solved for (e.g. to persist or check it).
         max_failures: a task that fails more often than this is FAILED.
         solve: the solver function (default :func:`ray_saturn.solver.solve`).
     """
@@ -113,6 +116,8 @@ class Controller:
         solver_time_limit_s: float = 10.0,
         seed: int = 0,
         min_replan_gap_s: float = 0.0,
+        min_replan_gap_fraction: float = 0.0,
+        on_plan: Callable[[Plan, ReplanInput], None] | None = None,
         max_failures: int = 3,
         solve: SolveFn | None = None,
     ) -> None:
@@ -128,7 +133,9 @@ class Controller:
         self.restart_s = float(restart_s)
         self.solver_time_limit_s = solver_time_limit_s
         self.seed = seed
-        self.min_replan_gap_s = min_replan_gap_s
+        self._min_gap_s = min_replan_gap_s
+        self._min_gap_fraction = min_replan_gap_fraction
+        self._on_plan = on_plan
         self.max_failures = max_failures
         if solve is None:
             from ray_saturn.solver import solve as default_solve
@@ -143,6 +150,7 @@ class Controller:
         self._plan_step_time: dict[str, float] = {}
         self.plan: Plan | None = None
         self.plan_made_s = 0.0
+        self._tick_base_s = 0.0
         self.first_makespan_s: float | None = None
         self.replans: list[ReplanRecord] = []
         self.log: list[dict] = []
@@ -175,6 +183,11 @@ class Controller:
         return free
 
     @property
+    def min_replan_gap_s(self) -> float:
+        """The least time between two re-plans (later ones wait for a wake-up)."""
+        return max(self._min_gap_s, self._min_gap_fraction * (self.first_makespan_s or 0.0))
+
+    @property
     def done(self) -> bool:
         """True when every task is finished or failed."""
         return all(p.state in (TaskState.FINISHED, TaskState.FAILED) for p in self.tasks.values())
@@ -185,7 +198,7 @@ class Controller:
         if self._pending and self._last_replan_s is not None:
             times.append(self._last_replan_s + self.min_replan_gap_s)
         if self.first_makespan_s is not None and not self.done:
-            t = self.policy.next_tick_s(self.plan_made_s, self.first_makespan_s)
+            t = self.policy.next_tick_s(self._tick_base_s, self.first_makespan_s)
             if t is not None:
                 times.append(max(t, self._now))
         return min(times) if times else None
@@ -214,7 +227,7 @@ class Controller:
         if p.state is not TaskState.RUNNING:
             logger.debug("progress of %s ignored: it is %s", task, p.state.value)
             return []
-        p.steps_done = min(p.total_steps, max(p.steps_done, int(steps_done)))
+        p.steps_done = min(p.total_steps, max(0, int(steps_done)))
         p.reported_at_s = now_s
         if step_time_s is None or step_time_s <= 0:
             return []
@@ -314,7 +327,7 @@ class Controller:
     def _tick_due(self, now: float) -> bool:
         if self.first_makespan_s is None:
             return False
-        t = self.policy.next_tick_s(self.plan_made_s, self.first_makespan_s)
+        t = self.policy.next_tick_s(self._tick_base_s, self.first_makespan_s)
         return t is not None and now >= t - 1e-9
 
     def _close(self, p: TaskProgress, now: float) -> None:
@@ -352,6 +365,7 @@ class Controller:
         return plan
 
     def _replan(self, now: float, reasons: list[str]) -> list[Action]:
+        self._tick_base_s = now
         queued = [p for p in self.tasks.values() if p.state is TaskState.QUEUED]
         if not queued and not self.policy.allows_moves:
             self._last_replan_s = now
@@ -419,6 +433,8 @@ class Controller:
 
     def _install(self, plan: Plan, inp: ReplanInput, now: float) -> None:
         self.plan, self.plan_made_s = plan, now
+        if self._on_plan is not None:
+            self._on_plan(plan, inp)
         self._last_replan_s = now
         if self.first_makespan_s is None:
             self.first_makespan_s = plan.makespan_s
