@@ -51,9 +51,7 @@ def add_parser(sub) -> None:
         default=",".join(DEFAULT_POLICIES),
         help="comma-separated; any of: " + ", ".join(replan_policy_names()),
     )
-    p.add_argument(
-        "--noise", type=float, default=0.2, help="relative spread of true step times (0.2)"
-    )
+    p.add_argument("--noise", type=float, default=0.2, help="relative spread of true step times (0.2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--arrivals",

@@ -104,6 +104,8 @@ class Controller:
             :class:`ReplanInput` it was solved for (e.g. to persist or check it).
         max_failures: a task that fails more often than this is FAILED.
         solve: the solver function (default :func:`ray_saturn.solver.solve`).
+        deterministic: ask the solver policy for its deterministic mode (limits
+            counted in work, not seconds), so a run depends only on its inputs.
     """
 
     def __init__(
@@ -120,13 +122,12 @@ class Controller:
         on_plan: Callable[[Plan, ReplanInput], None] | None = None,
         max_failures: int = 3,
         solve: SolveFn | None = None,
+        deterministic: bool = False,
     ) -> None:
         if restart_s < 0 or not math.isfinite(restart_s):
             raise SaturnError(f"restart cost is {restart_s} s; give a finite number >= 0")
         if solver_time_limit_s <= 0:
-            raise SaturnError(
-                f"solver time limit is {solver_time_limit_s} s; give a positive number"
-            )
+            raise SaturnError(f"solver time limit is {solver_time_limit_s} s; give a positive number")
         profile.check_feasible()
         self.profile = profile
         self.policy = get_replan_policy(policy) if isinstance(policy, str) else policy
@@ -142,6 +143,14 @@ class Controller:
 
             solve = default_solve
         self._solve = solve
+        self._solver_policy = self.policy.solver_policy
+        if deterministic:
+            from ray_saturn.solver import get_policy
+
+            solver = get_policy(self.policy.solver_policy)
+            if hasattr(solver, "deterministic"):
+                solver.deterministic = True
+            self._solver_policy = solver
         self.nodes: dict[str, NodeSpec] = {n.name: n for n in cluster.nodes}
         self.tasks: dict[str, TaskProgress] = {}
         for t in profile.tasks:
@@ -262,9 +271,7 @@ class Controller:
         actions: list[Action] = []
         if not self._pending and self._tick_due(now):
             self._pending.append(self.policy.wants_replan(Tick(time_s=now), None, None) or "tick")
-        if self._pending and (
-            self._last_replan_s is None or now >= self._last_replan_s + self.min_replan_gap_s - 1e-9
-        ):
+        if self._pending and (self._last_replan_s is None or now >= self._last_replan_s + self.min_replan_gap_s - 1e-9):
             actions.extend(self._replan(now, self._pending))
             self._pending = []
         actions.extend(self._dispatch(now))
@@ -281,9 +288,7 @@ class Controller:
         if isinstance(ev, TaskFinished):
             p = self.state(ev.task)
             if p.state is not TaskState.RUNNING:
-                raise SaturnError(
-                    f"task {ev.task!r} finished but it is {p.state.value}, not running"
-                )
+                raise SaturnError(f"task {ev.task!r} finished but it is {p.state.value}, not running")
             self._close(p, ev.time_s)
             p.state, p.finished_s, p.steps_done = TaskState.FINISHED, ev.time_s, p.total_steps
             planned = self.planned.pop(ev.task, None)
@@ -298,9 +303,7 @@ class Controller:
             if p.failures > self.max_failures:
                 p.state = TaskState.FAILED
                 self.planned.pop(ev.task, None)
-                logger.warning(
-                    "task %s failed %d times; giving up: %s", ev.task, p.failures, ev.reason
-                )
+                logger.warning("task %s failed %d times; giving up: %s", ev.task, p.failures, ev.reason)
                 return None
             return f"{ev.task} failed ({ev.reason})"
         if isinstance(ev, NodeLost):
@@ -337,9 +340,7 @@ class Controller:
 
     def _interrupt(self, p: TaskProgress, now: float, steps_done: int | None) -> None:
         if p.state is TaskState.RUNNING:
-            p.steps_done = (
-                p.steps_at(now) if steps_done is None else min(p.total_steps, int(steps_done))
-            )
+            p.steps_done = p.steps_at(now) if steps_done is None else min(p.total_steps, int(steps_done))
             self._close(p, now)
         p.state = TaskState.QUEUED
         p.placement = None
@@ -356,7 +357,7 @@ class Controller:
         plan = self._solve(
             inp.profile,
             inp.cluster,
-            self.policy.solver_policy,
+            self._solver_policy,
             context=inp.context,
             time_limit_s=time_limit_s,
             seed=self.seed,
@@ -377,9 +378,7 @@ class Controller:
             return []
         t0 = time.perf_counter()
         running = {
-            p.task: p.placement
-            for p in self.tasks.values()
-            if p.state is TaskState.RUNNING and p.placement is not None
+            p.task: p.placement for p in self.tasks.values() if p.state is TaskState.RUNNING and p.placement is not None
         }
         limit = self.solver_time_limit_s
         plan = self._call_solver(inp, limit)
@@ -450,11 +449,7 @@ class Controller:
                 p.flagged_off_estimate = False
 
     def _dispatch(self, now: float) -> list[Launch]:
-        queue = [
-            self.planned[t]
-            for t, p in self.tasks.items()
-            if p.state is TaskState.QUEUED and t in self.planned
-        ]
+        queue = [self.planned[t] for t, p in self.tasks.items() if p.state is TaskState.QUEUED and t in self.planned]
         if not queue:
             return []
         out = []

@@ -86,9 +86,7 @@ class Stop:
         }
 
 
-def dispatch(
-    queue: Iterable[PlannedTask], free: Mapping[str, int], *, now_s: float
-) -> list[PlannedTask]:
+def dispatch(queue: Iterable[PlannedTask], free: Mapping[str, int], *, now_s: float) -> list[PlannedTask]:
     """The queued planned tasks to launch now (see the module docstring).
 
     ``queue`` holds the planned tasks that are waiting; ``free`` the free GPUs

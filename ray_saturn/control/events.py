@@ -40,9 +40,7 @@ class Event:
     def to_dict(self) -> dict:
         out = {"kind": self.kind}
         for k, v in self.__dict__.items():
-            out[k] = (
-                v.name if isinstance(v, NodeSpec) else (dict(v) if isinstance(v, Mapping) else v)
-            )
+            out[k] = v.name if isinstance(v, NodeSpec) else (dict(v) if isinstance(v, Mapping) else v)
         return out
 
 

@@ -85,7 +85,4 @@ def decide_moves(
         reason = f"moving {len(moved)} task(s) gains {gain:.1f} s > restart cost {cost:.1f} s"
     else:
         reason = f"moving {len(moved)} task(s) would gain {gain:.1f} s <= restart cost {cost:.1f} s"
-    return [
-        MoveDecision(t, accept, running[t], p, gain, restart_s, reason)
-        for t, p in sorted(moved.items())
-    ]
+    return [MoveDecision(t, accept, running[t], p, gain, restart_s, reason) for t, p in sorted(moved.items())]

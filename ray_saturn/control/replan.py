@@ -136,9 +136,7 @@ def build_replan_input(
             rows.append(_scaled(c, remaining, st))
         if current is not None:
             if not set(current.nodes) <= alive:
-                raise SaturnError(
-                    f"task {p.task!r} is running on a node that is gone; report NodeLost first"
-                )
+                raise SaturnError(f"task {p.task!r} is running on a node that is gone; report NodeLost first")
             running.append(
                 RunningTask(
                     p.task,
@@ -180,9 +178,7 @@ class ReplanPolicy(ABC):
     allows_moves: bool = False
 
     @abstractmethod
-    def wants_replan(
-        self, event: Event, task: TaskProgress | None, planned_end_s: float | None
-    ) -> str | None:
+    def wants_replan(self, event: Event, task: TaskProgress | None, planned_end_s: float | None) -> str | None:
         """The reason to re-plan on ``event`` (``None``: keep the plan).
 
         ``task`` is the event's task, if any; ``planned_end_s`` its end in the
@@ -228,12 +224,7 @@ class EventReplan(ReplanPolicy):
             )
         if isinstance(event, NodeAdded):
             return f"node {event.node.name} added"
-        if (
-            isinstance(event, TaskFinished)
-            and task is not None
-            and planned_end_s is not None
-            and task.segments
-        ):
+        if isinstance(event, TaskFinished) and task is not None and planned_end_s is not None and task.segments:
             planned = max(1e-9, planned_end_s - task.segments[0].start_s)
             if abs(event.time_s - planned_end_s) > self.tolerance * planned:
                 off = event.time_s - planned_end_s
@@ -247,9 +238,7 @@ class PeriodicReplan(ReplanPolicy):
     name = "saturn-periodic"
     allows_moves = True
 
-    def __init__(
-        self, solver_policy: str = "saturn", interval_s: float | None = None, fraction: float = 0.1
-    ) -> None:
+    def __init__(self, solver_policy: str = "saturn", interval_s: float | None = None, fraction: float = 0.1) -> None:
         if interval_s is not None and interval_s <= 0:
             raise SaturnError(f"re-planning interval is {interval_s} s; give a positive number")
         self.solver_policy = solver_policy

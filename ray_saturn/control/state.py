@@ -119,11 +119,7 @@ class TaskProgress:
 
     def step_time_s(self) -> float | None:
         """Best current estimate of seconds per step on the running configuration."""
-        return (
-            self.measured_step_time_s
-            if self.measured_step_time_s is not None
-            else self.estimate_step_time_s
-        )
+        return self.measured_step_time_s if self.measured_step_time_s is not None else self.estimate_step_time_s
 
     def steps_at(self, now_s: float) -> int:
         """Steps done by ``now_s``, extrapolated from the last report (never past the total)."""

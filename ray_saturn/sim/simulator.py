@@ -108,6 +108,7 @@ class SimConfig:
     checkpoint_interval_s: float = 600.0
     progress_fraction: float = 0.05
     keep_plans: bool = False
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.noise) or self.noise < 0:
@@ -115,17 +116,11 @@ class SimConfig:
         if self.restart_s < 0:
             raise SpecError(f"restart cost is {self.restart_s} s; give a number >= 0")
         if self.solver_time_limit_s <= 0:
-            raise SpecError(
-                f"solver time limit is {self.solver_time_limit_s} s; give a positive number"
-            )
+            raise SpecError(f"solver time limit is {self.solver_time_limit_s} s; give a positive number")
         if self.checkpoint_interval_s <= 0:
-            raise SpecError(
-                f"checkpoint interval is {self.checkpoint_interval_s} s; give a positive number"
-            )
+            raise SpecError(f"checkpoint interval is {self.checkpoint_interval_s} s; give a positive number")
         if not 0 < self.progress_fraction <= 1:
-            raise SpecError(
-                f"progress fraction is {self.progress_fraction}; give a number in (0, 1]"
-            )
+            raise SpecError(f"progress fraction is {self.progress_fraction}; give a number in (0, 1]")
 
 
 @dataclass
@@ -220,6 +215,7 @@ class _World:
             min_replan_gap_s=cfg.min_replan_gap_s,
             min_replan_gap_fraction=cfg.min_replan_gap_fraction,
             on_plan=self._on_plan if cfg.keep_plans else None,
+            deterministic=cfg.deterministic,
         )
 
     def _on_plan(self, plan: Plan, inp: ReplanInput) -> None:
@@ -260,9 +256,7 @@ class _World:
                 raise SimulationError(f"t={now:.1f}: {a.task} launched on node {n}, which is down")
             self.used[n] += p.per_node
             if self.used[n] > self.caps[n]:
-                raise SimulationError(
-                    f"t={now:.1f}: node {n} holds {self.used[n]} GPUs, has {self.caps[n]}"
-                )
+                raise SimulationError(f"t={now:.1f}: node {n} holds {self.used[n]} GPUs, has {self.caps[n]}")
         step = self.truth[(a.task, p.strategy, p.gpus, len(p.nodes))]
         done = self.done[a.task]
         left = self.total[a.task] - done
@@ -338,18 +332,14 @@ class _World:
                         continue  # stale: the segment was stopped
                     self._stop(task, now, checkpoint=None)
                     if self.done[task] != self.total[task]:
-                        raise SimulationError(
-                            f"{task} finished with {self.done[task]} of {self.total[task]} steps"
-                        )
+                        raise SimulationError(f"{task} finished with {self.done[task]} of {self.total[task]} steps")
                     self.records[task].finish_s = now
                     evs.append(TaskFinished(time_s=now, task=task))
                 elif kind == _NODE_LOST:
                     kept = {}
                     for task, run in list(self.running.items()):
                         if payload in run.nodes:
-                            kept[task] = self._stop(
-                                task, now, checkpoint=self.cfg.checkpoint_interval_s
-                            )
+                            kept[task] = self._stop(task, now, checkpoint=self.cfg.checkpoint_interval_s)
                     self.alive.discard(payload)
                     self._track_capacity(now)
                     evs.append(NodeLost(time_s=now, node=payload, steps_done=kept))
@@ -386,15 +376,9 @@ class _World:
                     self.push(nxt, _WAKEUP, None)
             if ctl.done and not self.running:
                 break
-        unfinished = [
-            t
-            for t, r in self.records.items()
-            if r.finish_s is None and ctl.state(t).state.value != "failed"
-        ]
+        unfinished = [t for t, r in self.records.items() if r.finish_s is None and ctl.state(t).state.value != "failed"]
         if unfinished:
-            raise SimulationError(
-                f"the run ended with task(s) {', '.join(unfinished[:5])} unfinished"
-            )
+            raise SimulationError(f"the run ended with task(s) {', '.join(unfinished[:5])} unfinished")
 
 
 def simulate(
@@ -431,9 +415,7 @@ def simulate(
     return SimResult(
         policy=pol.name,
         makespan_s=makespan,
-        mean_completion_s=(sum(r.finish_s - r.arrival_s for r in finished) / len(finished))
-        if finished
-        else 0.0,
+        mean_completion_s=(sum(r.finish_s - r.arrival_s for r in finished) / len(finished)) if finished else 0.0,
         utilisation=busy / alive if alive > 0 else 0.0,
         moves=ctl.moves,
         replans=len(ctl.replans),

@@ -45,9 +45,7 @@ def _rng(seed: int, *keys: str) -> np.random.Generator:
     return np.random.default_rng([seed, *(zlib.crc32(k.encode()) for k in keys)])
 
 
-def true_step_times(
-    profile: ProfileTable, *, noise: float, seed: int
-) -> dict[tuple[str, str, int, int], float]:
+def true_step_times(profile: ProfileTable, *, noise: float, seed: int) -> dict[tuple[str, str, int, int], float]:
     """The step time each feasible configuration really has in the simulated world."""
     if not math.isfinite(noise) or noise < 0:
         raise SpecError(f"--noise is {noise}; give a relative spread >= 0 (0.2 = 20%)")
@@ -94,9 +92,7 @@ def parse_arrivals(spec: str | None, profile: ProfileTable, *, seed: int) -> dic
         return _checked(out, tasks, "the profile's arrival_s column")
     path = Path(spec)
     if not path.is_file():
-        raise SpecError(
-            f"--arrivals {spec!r}: not 0, poisson:R, profile, or an existing CSV file (task,arrival_s)"
-        )
+        raise SpecError(f"--arrivals {spec!r}: not 0, poisson:R, profile, or an existing CSV file (task,arrival_s)")
     with path.open() as f:
         rows = list(csv.DictReader(f))
     if not rows or not {"task", "arrival_s"} <= set(rows[0]):
@@ -114,9 +110,7 @@ def _checked(arrivals: Mapping[str, float], tasks: Sequence[str], where: str) ->
         raise SpecError(f"{where}: no arrival time for task(s) {', '.join(missing[:5])}")
     bad = [t for t in tasks if not math.isfinite(arrivals[t]) or arrivals[t] < 0]
     if bad:
-        raise SpecError(
-            f"{where}: arrival time of {bad[0]!r} is {arrivals[bad[0]]}; give a time >= 0"
-        )
+        raise SpecError(f"{where}: arrival time of {bad[0]!r} is {arrivals[bad[0]]}; give a time >= 0")
     return {t: float(arrivals[t]) for t in tasks}
 
 
@@ -132,9 +126,7 @@ class NodeFailure:
         if not math.isfinite(self.at_s) or self.at_s < 0:
             raise SpecError(f"node failure of {self.node!r} at {self.at_s}; give a time >= 0")
         if self.back_s is not None and not self.back_s > self.at_s:
-            raise SpecError(
-                f"node {self.node!r} comes back at {self.back_s}, not after its failure at {self.at_s}"
-            )
+            raise SpecError(f"node {self.node!r} comes back at {self.back_s}, not after its failure at {self.at_s}")
 
 
 def parse_failures(spec: str, cluster: ClusterSpec) -> list[NodeFailure]:
@@ -146,9 +138,7 @@ def parse_failures(spec: str, cluster: ClusterSpec) -> list[NodeFailure]:
             at, _, back = times.partition(":")
             failure = NodeFailure(node, float(at), float(back) if back else None)
         except ValueError:
-            raise SpecError(
-                f"--failures {part!r}: write NODE@AT or NODE@AT:BACK (seconds)"
-            ) from None
+            raise SpecError(f"--failures {part!r}: write NODE@AT or NODE@AT:BACK (seconds)") from None
         cluster.node(failure.node)
         out.append(failure)
     return out
@@ -159,9 +149,7 @@ def random_failures(
 ) -> list[NodeFailure]:
     """``count`` failures of distinct random nodes at uniform times in [0, horizon_s)."""
     if count < 0 or count >= len(cluster.nodes):
-        raise SpecError(
-            f"{count} node failures on {len(cluster.nodes)} nodes; give 0 to {len(cluster.nodes) - 1}"
-        )
+        raise SpecError(f"{count} node failures on {len(cluster.nodes)} nodes; give 0 to {len(cluster.nodes) - 1}")
     rng = _rng(seed, "failures")
     nodes = rng.choice(len(cluster.nodes), size=count, replace=False)
     times = np.sort(rng.uniform(0.05 * horizon_s, horizon_s, size=count))
