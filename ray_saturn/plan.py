@@ -233,15 +233,18 @@ def validate_plan(
         if a.start_s + tol * max(1.0, a.start_s) < ctx.release(a.task):
             raise PlanError(f"{where}: starts at {a.start_s:.3f} s, before its release at {ctx.release(a.task):.3f} s")
         run = running.get(a.task)
-        stays = run is not None and (run.strategy, run.gpus, tuple(run.nodes)) == (a.strategy, a.gpus, a.nodes)
+        same_place = run is not None and (run.strategy, run.gpus, tuple(run.nodes)) == (a.strategy, a.gpus, a.nodes)
+        # Kept in place: same configuration and nodes, continuing at 0 with no set-up. Anything
+        # else is a move (also a stop and a later restart on the same nodes), which pays restart_s.
+        stays = same_place and abs(a.start_s) <= tol and abs(a.setup_s) <= tol
         if run is None:
             expected_setup = 0.0
         elif stays:
             expected_setup = 0.0
-            if abs(a.start_s) > tol:
-                raise PlanError(f"{where}: a running task kept in place must continue at time 0, not {a.start_s}")
         else:
             if not run.movable:
+                if same_place:
+                    raise PlanError(f"{where}: a running task kept in place must continue at time 0, not {a.start_s}")
                 raise PlanError(f"{where}: the running task may not be moved")
             expected_setup = run.restart_s
         if not _close(a.setup_s, expected_setup, tol):

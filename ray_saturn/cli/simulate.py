@@ -1,0 +1,172 @@
+"""``ray-saturn simulate PROFILE``: compare policies on a simulated clock (contract 3).
+
+Every policy runs on the same simulated world: the same true step times
+(``--noise``, seeded), arrivals (``--arrivals``) and node failures. With
+``--json`` it prints ``{"policies": {name: {"makespan_s", "mean_completion_s",
+"utilisation", "moves", "solver_time_s", ...}}}``; ``--plot FILE.png`` draws
+GPU utilisation over time and a Gantt chart per policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ray_saturn.cli.plan import add_cluster_args, cluster_from_args
+from ray_saturn.control import replan_policy_names
+from ray_saturn.errors import SpecError
+from ray_saturn.profile_table import ProfileTable
+from ray_saturn.sim import (
+    SimConfig,
+    compare,
+    oracle_lower_bound,
+    parse_arrivals,
+    parse_failures,
+    random_failures,
+)
+
+DEFAULT_POLICIES = (
+    "saturn-static",
+    "saturn-replan",
+    "saturn-periodic",
+    "fifo-whole-node",
+    "fifo-min-gpus",
+    "fifo-fastest",
+    "optimus-greedy",
+)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="compare policies on a simulated clock",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("profile", help="profile table (.csv or .parquet)")
+    add_cluster_args(p)
+    p.add_argument(
+        "--policies",
+        default=",".join(DEFAULT_POLICIES),
+        help="comma-separated; any of: " + ", ".join(replan_policy_names()),
+    )
+    p.add_argument("--noise", type=float, default=0.2, help="relative spread of true step times (0.2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--arrivals",
+        default="0",
+        metavar="SPEC",
+        help="0 (all at once, default), poisson:R (R tasks/hour), profile (its arrival_s "
+        "column) or a CSV file task,arrival_s",
+    )
+    p.add_argument(
+        "--restart-cost",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds a moved task spends restarting (30)",
+    )
+    p.add_argument(
+        "--failures",
+        default="",
+        metavar="NODE@AT[:BACK],...",
+        help="node failures (and recoveries), seconds",
+    )
+    p.add_argument(
+        "--random-failures",
+        type=int,
+        default=0,
+        metavar="K",
+        help="K random node failures during the first plan's makespan",
+    )
+    p.add_argument(
+        "--recovery",
+        type=float,
+        default=None,
+        metavar="S",
+        help="random failures come back after S seconds (default: never)",
+    )
+    p.add_argument(
+        "--solver-time-limit",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="time limit of each (re-)plan (2)",
+    )
+    p.add_argument(
+        "--replan-gap",
+        type=float,
+        default=0.01,
+        metavar="F",
+        help="least time between re-plans, as a fraction of the first plan's makespan (0.01)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="FILE.png", help="write utilisation and Gantt charts")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cluster = cluster_from_args(args)
+    profile = ProfileTable.read(args.profile)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not policies:
+        raise SpecError("--policies is empty; name at least one policy")
+    arrivals = parse_arrivals(args.arrivals, profile, seed=args.seed)
+    failures = parse_failures(args.failures, cluster) if args.failures else []
+    base = SimConfig(
+        noise=args.noise,
+        seed=args.seed,
+        restart_s=args.restart_cost,
+        arrivals=arrivals,
+        solver_time_limit_s=args.solver_time_limit,
+        min_replan_gap_fraction=args.replan_gap,
+    )
+    if args.random_failures:
+        from ray_saturn.solver import solve
+
+        horizon = solve(profile, cluster, "fifo-whole-node").makespan_s
+        failures += random_failures(
+            cluster,
+            args.random_failures,
+            horizon_s=horizon,
+            recovery_s=args.recovery,
+            seed=args.seed,
+        )
+    cfg = SimConfig(**{**base.__dict__, "failures": tuple(failures)})
+    results = compare(profile, cluster, policies, cfg)
+    lb = oracle_lower_bound(profile, cluster, cfg)
+    if args.plot:
+        from ray_saturn.sim.plot import plot_results
+
+        plot_results(results, args.plot, cluster=cluster)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "lower_bound_s": round(lb, 3),
+                    "policies": {k: r.to_dict() for k, r in results.items()},
+                }
+            )
+        )
+    else:
+        print_table(results, lb)
+    return 0
+
+
+def print_table(results, lower_bound_s: float, out=sys.stdout) -> None:
+    ref = results.get("fifo-whole-node")
+    print(
+        f"{'policy':<18} {'makespan_s':>11} {'/fifo-wn':>8} {'/LB':>6} {'mean_JCT_s':>11} {'util':>5} "
+        f"{'replans':>7} {'moves':>5} {'solver_s':>8}",
+        file=out,
+    )
+    for name, r in results.items():
+        vs = f"{r.makespan_s / ref.makespan_s:.3f}" if ref and ref.makespan_s else "-"
+        vlb = f"{r.makespan_s / lower_bound_s:.3f}" if lower_bound_s > 0 else "-"
+        print(
+            f"{name:<18} {r.makespan_s:>11.0f} {vs:>8} {vlb:>6} {r.mean_completion_s:>11.0f} "
+            f"{r.utilisation:>5.2f} {r.replans:>7} {r.moves:>5} {r.solver_time_s:>8.1f}",
+            file=out,
+        )
+    print(f"lower bound (true step times, arrivals): {lower_bound_s:.0f} s", file=out)

@@ -1,0 +1,484 @@
+"""The controller: one object that a driver loop steps one event at a time.
+
+It owns the task states, the current plan and a GPU ledger, and composes the
+pieces of this package: re-planning policy (when), re-planning input and
+solver (what), move decisions (whether to move running tasks) and the
+dispatcher (what to launch now). It has no clock and no Ray: every call
+carries the time, and it answers with typed actions the caller executes.
+
+Example:
+    >>> from ray_saturn import ClusterSpec, ProfileTable
+    >>> prof = ProfileTable.from_rows([
+    ...     {"task": "a", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 10},
+    ...     {"task": "b", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 10},
+    ... ])
+    >>> ctl = Controller(prof, ClusterSpec.uniform(1, 1), "saturn-static", solver_time_limit_s=1)
+    >>> [a.task for a in ctl.start(0.0)]
+    ['a']
+    >>> [a.task for a in ctl.handle(TaskFinished(time_s=10.0, task="a"))]
+    ['b']
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from ray_saturn.control.dispatch import Launch, PlannedTask, Stop, dispatch
+from ray_saturn.control.events import (
+    Event,
+    NodeAdded,
+    NodeLost,
+    TaskArrived,
+    TaskFailed,
+    TaskFinished,
+    TaskOffEstimate,
+    Tick,
+)
+from ray_saturn.control.moves import MoveDecision, decide_moves, moved_tasks
+from ray_saturn.control.replan import (
+    OFF_ESTIMATE,
+    ReplanInput,
+    ReplanPolicy,
+    build_replan_input,
+    get_replan_policy,
+)
+from ray_saturn.control.state import Placement, Segment, TaskProgress, TaskState
+from ray_saturn.errors import SaturnError
+from ray_saturn.plan import Plan
+from ray_saturn.profile_table import ProfileTable
+from ray_saturn.spec import ClusterSpec, NodeSpec
+
+__all__ = ["Action", "Controller", "ReplanRecord", "SolveFn"]
+
+logger = logging.getLogger(__name__)
+
+Action = Launch | Stop
+#: ``solve(profile, cluster, policy, *, context, time_limit_s, seed) -> Plan``,
+#: as :func:`ray_saturn.solver.solve`.
+SolveFn = Callable[..., Plan]
+
+
+@dataclass
+class ReplanRecord:
+    """One (re-)plan: when, why, what it cost and what it decided."""
+
+    time_s: float
+    reasons: list[str]
+    solver_time_s: float
+    planned_makespan_s: float
+    lower_bound_s: float
+    tasks: int
+    moves: list[MoveDecision] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": "replan",
+            "time_s": round(self.time_s, 3),
+            "reasons": self.reasons,
+            "solver_time_s": round(self.solver_time_s, 4),
+            "planned_makespan_s": round(self.planned_makespan_s, 3),
+            "lower_bound_s": round(self.lower_bound_s, 3),
+            "tasks": self.tasks,
+            "moves": [m.to_dict() for m in self.moves],
+        }
+
+
+class Controller:
+    """The control plane of one run (see the package docstring for the loop).
+
+    Args:
+        profile: the original profile (total steps, profiled step times).
+        cluster: the nodes at the start.
+        policy: a :class:`ReplanPolicy` or its name (``saturn-replan``, ...).
+        restart_s: the cost of moving a running task (checkpoint, stop,
+            relaunch); update it with :meth:`set_restart_cost` once measured.
+        solver_time_limit_s: time limit of each solver call.
+        min_replan_gap_s: re-plans closer than this to the previous one are
+            deferred to a wake-up (see :meth:`next_wakeup_s`); the gap is at
+            least ``min_replan_gap_fraction`` x the first plan's makespan.
+        on_plan: called with every plan the controller installs and the
+            :class:`ReplanInput` it was solved for (e.g. to persist or check it).
+        max_failures: a task that fails more often than this is FAILED.
+        solve: the solver function (default :func:`ray_saturn.solver.solve`).
+        deterministic: ask the solver policy for its deterministic mode (limits
+            counted in work, not seconds), so a run depends only on its inputs.
+    """
+
+    def __init__(
+        self,
+        profile: ProfileTable,
+        cluster: ClusterSpec,
+        policy: ReplanPolicy | str,
+        *,
+        restart_s: float = 30.0,
+        solver_time_limit_s: float = 10.0,
+        seed: int = 0,
+        min_replan_gap_s: float = 0.0,
+        min_replan_gap_fraction: float = 0.0,
+        on_plan: Callable[[Plan, ReplanInput], None] | None = None,
+        max_failures: int = 3,
+        solve: SolveFn | None = None,
+        deterministic: bool = False,
+    ) -> None:
+        if restart_s < 0 or not math.isfinite(restart_s):
+            raise SaturnError(f"restart cost is {restart_s} s; give a finite number >= 0")
+        if solver_time_limit_s <= 0:
+            raise SaturnError(f"solver time limit is {solver_time_limit_s} s; give a positive number")
+        profile.check_feasible()
+        self.profile = profile
+        self.policy = get_replan_policy(policy) if isinstance(policy, str) else policy
+        self.restart_s = float(restart_s)
+        self.solver_time_limit_s = solver_time_limit_s
+        self.seed = seed
+        self._min_gap_s = min_replan_gap_s
+        self._min_gap_fraction = min_replan_gap_fraction
+        self._on_plan = on_plan
+        self.max_failures = max_failures
+        if solve is None:
+            from ray_saturn.solver import solve as default_solve
+
+            solve = default_solve
+        self._solve = solve
+        self._solver_policy = self.policy.solver_policy
+        if deterministic:
+            from ray_saturn.solver import get_policy
+
+            solver = get_policy(self.policy.solver_policy)
+            if hasattr(solver, "deterministic"):
+                solver.deterministic = True
+            self._solver_policy = solver
+        self.nodes: dict[str, NodeSpec] = {n.name: n for n in cluster.nodes}
+        self.tasks: dict[str, TaskProgress] = {}
+        for t in profile.tasks:
+            self.tasks[t] = TaskProgress(t, max(c.steps for c in profile.configs(t)))
+        self.planned: dict[str, PlannedTask] = {}
+        self._plan_step_time: dict[str, float] = {}
+        self.plan: Plan | None = None
+        self.plan_made_s = 0.0
+        self._tick_base_s = 0.0
+        self.first_makespan_s: float | None = None
+        self.replans: list[ReplanRecord] = []
+        self.log: list[dict] = []
+        self.solver_time_s = 0.0
+        self.moves = 0
+        self._pending: list[str] = []
+        self._last_replan_s: float | None = None
+        self._now = 0.0
+
+    # ------------------------------------------------------------ queries
+    def state(self, task: str) -> TaskProgress:
+        try:
+            return self.tasks[task]
+        except KeyError:
+            raise SaturnError(f"task {task!r} is not in the profile") from None
+
+    def cluster(self) -> ClusterSpec:
+        """The nodes alive now."""
+        if not self.nodes:
+            raise SaturnError("no node is left in the cluster; add a node to continue")
+        return ClusterSpec(tuple(self.nodes.values()))
+
+    def free_gpus(self) -> dict[str, int]:
+        """The controller's ledger: free GPUs per alive node."""
+        free = {n: s.gpus for n, s in self.nodes.items()}
+        for p in self.tasks.values():
+            if p.state is TaskState.RUNNING and p.placement is not None:
+                for n in p.placement.nodes:
+                    free[n] -= p.placement.per_node
+        return free
+
+    @property
+    def min_replan_gap_s(self) -> float:
+        """The least time between two re-plans (later ones wait for a wake-up)."""
+        return max(self._min_gap_s, self._min_gap_fraction * (self.first_makespan_s or 0.0))
+
+    @property
+    def done(self) -> bool:
+        """True when every task is finished or failed."""
+        return all(p.state in (TaskState.FINISHED, TaskState.FAILED) for p in self.tasks.values())
+
+    def next_wakeup_s(self) -> float | None:
+        """When to call :meth:`handle` with a :class:`Tick` next (``None``: no need)."""
+        times = []
+        if self._pending and self._last_replan_s is not None:
+            times.append(self._last_replan_s + self.min_replan_gap_s)
+        if self.first_makespan_s is not None and not self.done:
+            t = self.policy.next_tick_s(self._tick_base_s, self.first_makespan_s)
+            if t is not None:
+                times.append(max(t, self._now))
+        return min(times) if times else None
+
+    # ------------------------------------------------------------ inputs
+    def start(self, now_s: float = 0.0, arrived: Iterable[str] | None = None) -> list[Action]:
+        """Mark ``arrived`` tasks (default: all) as arrived at ``now_s``; plan and launch."""
+        names = self.profile.tasks if arrived is None else list(arrived)
+        return self.handle(*[TaskArrived(time_s=now_s, task=t) for t in names])
+
+    def set_restart_cost(self, restart_s: float) -> None:
+        """Use a measured restart cost (seconds) from the next re-plan on."""
+        if restart_s < 0 or not math.isfinite(restart_s):
+            raise SaturnError(f"restart cost is {restart_s} s; give a finite number >= 0")
+        self.restart_s = float(restart_s)
+
+    def report_progress(
+        self, task: str, steps_done: int, now_s: float, step_time_s: float | None = None
+    ) -> list[Action]:
+        """The driver's progress report: ``steps_done`` so far, measured ``step_time_s``.
+
+        Raises a :class:`TaskOffEstimate` (and handles it) the first time the
+        measured step time is more than 10% off the plan's estimate.
+        """
+        p = self.state(task)
+        if p.state is not TaskState.RUNNING:
+            logger.debug("progress of %s ignored: it is %s", task, p.state.value)
+            return []
+        p.steps_done = min(p.total_steps, max(0, int(steps_done)))
+        p.reported_at_s = now_s
+        if step_time_s is None or step_time_s <= 0:
+            return []
+        p.measured_step_time_s = float(step_time_s)
+        assert p.placement is not None
+        cfg = self.profile.get(task, *p.placement.config_key)
+        if cfg.step_time_s:
+            p.slowdown = step_time_s / cfg.step_time_s
+        est = p.estimate_step_time_s
+        if est and not p.flagged_off_estimate and abs(step_time_s / est - 1) > OFF_ESTIMATE:
+            p.flagged_off_estimate = True
+            return self.handle(
+                TaskOffEstimate(
+                    time_s=now_s,
+                    task=task,
+                    measured_step_time_s=step_time_s,
+                    estimate_step_time_s=est,
+                )
+            )
+        return []
+
+    def handle(self, *events: Event) -> list[Action]:
+        """Apply ``events`` (all at the same time, in order), re-plan if needed, and return the
+        actions to execute now: :class:`Stop` (moves) first, then :class:`Launch`."""
+        for ev in events:
+            self._now = max(self._now, ev.time_s)
+            self.log.append({"time_s": round(ev.time_s, 3), **ev.to_dict()})
+            reason = self._apply(ev)
+            if reason:
+                self._pending.append(reason)
+        now = self._now
+        actions: list[Action] = []
+        if not self._pending and self._tick_due(now):
+            self._pending.append(self.policy.wants_replan(Tick(time_s=now), None, None) or "tick")
+        if self._pending and (self._last_replan_s is None or now >= self._last_replan_s + self.min_replan_gap_s - 1e-9):
+            actions.extend(self._replan(now, self._pending))
+            self._pending = []
+        actions.extend(self._dispatch(now))
+        return actions
+
+    # ------------------------------------------------------------ internals
+    def _apply(self, ev: Event) -> str | None:
+        if isinstance(ev, TaskArrived):
+            p = self.state(ev.task)
+            if p.state is not TaskState.PENDING:
+                raise SaturnError(f"task {ev.task!r} arrived twice")
+            p.state, p.arrived_s = TaskState.QUEUED, ev.time_s
+            return f"{ev.task} arrived"
+        if isinstance(ev, TaskFinished):
+            p = self.state(ev.task)
+            if p.state is not TaskState.RUNNING:
+                raise SaturnError(f"task {ev.task!r} finished but it is {p.state.value}, not running")
+            self._close(p, ev.time_s)
+            p.state, p.finished_s, p.steps_done = TaskState.FINISHED, ev.time_s, p.total_steps
+            planned = self.planned.pop(ev.task, None)
+            return self.policy.wants_replan(ev, p, planned.end_s if planned else None)
+        if isinstance(ev, TaskFailed):
+            p = self.state(ev.task)
+            if p.state not in (TaskState.RUNNING, TaskState.QUEUED):
+                raise SaturnError(f"task {ev.task!r} failed but it is {p.state.value}")
+            self._interrupt(p, ev.time_s, ev.steps_done)
+            p.failures += 1
+            p.reason = ev.reason
+            if p.failures > self.max_failures:
+                p.state = TaskState.FAILED
+                self.planned.pop(ev.task, None)
+                logger.warning("task %s failed %d times; giving up: %s", ev.task, p.failures, ev.reason)
+                return None
+            return f"{ev.task} failed ({ev.reason})"
+        if isinstance(ev, NodeLost):
+            if ev.node not in self.nodes:
+                raise SaturnError(f"node {ev.node!r} lost, but it is not in the cluster")
+            del self.nodes[ev.node]
+            for p in self.tasks.values():
+                if p.state is TaskState.RUNNING and p.placement and ev.node in p.placement.nodes:
+                    self._interrupt(p, ev.time_s, ev.steps_done.get(p.task))
+            return f"node {ev.node} lost"
+        if isinstance(ev, NodeAdded):
+            if ev.node.name in self.nodes:
+                raise SaturnError(f"node {ev.node.name!r} added, but it is already in the cluster")
+            self.nodes[ev.node.name] = ev.node
+            return self.policy.wants_replan(ev, None, None)
+        if isinstance(ev, TaskOffEstimate):
+            p = self.state(ev.task)
+            planned = self.planned.get(ev.task)
+            return self.policy.wants_replan(ev, p, planned.end_s if planned else None)
+        if isinstance(ev, Tick):
+            return None  # a due periodic re-plan is checked after every batch of events
+        raise SaturnError(f"unknown event {type(ev).__name__}")
+
+    def _tick_due(self, now: float) -> bool:
+        if self.first_makespan_s is None:
+            return False
+        t = self.policy.next_tick_s(self._tick_base_s, self.first_makespan_s)
+        return t is not None and now >= t - 1e-9
+
+    def _close(self, p: TaskProgress, now: float) -> None:
+        seg = p.running_segment
+        if seg is not None:
+            seg.end_s = now
+
+    def _interrupt(self, p: TaskProgress, now: float, steps_done: int | None) -> None:
+        if p.state is TaskState.RUNNING:
+            p.steps_done = p.steps_at(now) if steps_done is None else min(p.total_steps, int(steps_done))
+            self._close(p, now)
+        p.state = TaskState.QUEUED
+        p.placement = None
+        p.measured_step_time_s = None
+        self.planned.pop(p.task, None)
+
+    def _input(self, now: float, movable: bool) -> ReplanInput | None:
+        return build_replan_input(
+            self.profile, self.tasks, self.cluster(), now, restart_s=self.restart_s, movable=movable
+        )
+
+    def _call_solver(self, inp: ReplanInput, time_limit_s: float) -> Plan:
+        t0 = time.perf_counter()
+        plan = self._solve(
+            inp.profile,
+            inp.cluster,
+            self._solver_policy,
+            context=inp.context,
+            time_limit_s=time_limit_s,
+            seed=self.seed,
+        )
+        self.solver_time_s += time.perf_counter() - t0
+        return plan
+
+    def _replan(self, now: float, reasons: list[str]) -> list[Action]:
+        self._tick_base_s = now
+        queued = [p for p in self.tasks.values() if p.state is TaskState.QUEUED]
+        if not queued and not self.policy.allows_moves:
+            self._last_replan_s = now
+            return []
+        moves_ok = self.policy.allows_moves
+        inp = self._input(now, movable=moves_ok)
+        if inp is None:
+            self._last_replan_s = now
+            return []
+        t0 = time.perf_counter()
+        running = {
+            p.task: p.placement for p in self.tasks.values() if p.state is TaskState.RUNNING and p.placement is not None
+        }
+        limit = self.solver_time_limit_s
+        plan = self._call_solver(inp, limit)
+        decisions: list[MoveDecision] = []
+        if moves_ok and running and moved_tasks(running, plan):
+            keep_inp = self._input(now, movable=False)
+            assert keep_inp is not None
+            keep = self._call_solver(keep_inp, max(0.1, limit / 2))
+            decisions = decide_moves(running, plan, keep.makespan_s, self.restart_s)
+            if not all(d.move for d in decisions):
+                plan, inp = keep, keep_inp
+        solver_time = time.perf_counter() - t0
+        self._install(plan, inp, now)
+        record = ReplanRecord(
+            now,
+            list(reasons),
+            solver_time,
+            now + plan.makespan_s,
+            now + plan.lower_bound_s,
+            len(inp.tasks),
+            decisions,
+        )
+        self.replans.append(record)
+        self.log.append(record.to_dict())
+        logger.info(
+            "t=%.0f s: re-plan (%s): makespan %.0f s, %d move(s), solved in %.2f s",
+            now,
+            "; ".join(reasons)[:200],
+            now + plan.makespan_s,
+            sum(d.move for d in decisions),
+            solver_time,
+        )
+        actions: list[Action] = []
+        for d in decisions:
+            if d.move:
+                p = self.tasks[d.task]
+                self._interrupt(p, now, None)
+                self.planned[d.task] = self._planned_from(plan.assignment(d.task), now)
+                self.moves += 1
+                actions.append(Stop(d.task, d.reason, d.target))
+        return actions
+
+    def _planned_from(self, a, now: float) -> PlannedTask:
+        return PlannedTask(
+            a.task,
+            Placement(a.strategy, a.gpus, a.nodes),
+            now + a.start_s,
+            now + a.end_s,
+            a.setup_s,
+        )
+
+    def _install(self, plan: Plan, inp: ReplanInput, now: float) -> None:
+        self.plan, self.plan_made_s = plan, now
+        if self._on_plan is not None:
+            self._on_plan(plan, inp)
+        self._last_replan_s = now
+        if self.first_makespan_s is None:
+            self.first_makespan_s = plan.makespan_s
+        self.planned = {}
+        for a in plan.assignments:
+            self.planned[a.task] = self._planned_from(a, now)
+            cfg = inp.profile.get(a.task, a.strategy, a.gpus, len(a.nodes))
+            self._plan_step_time[a.task] = float(cfg.step_time_s or 0.0)
+            p = self.tasks[a.task]
+            if p.state is TaskState.RUNNING and p.measured_step_time_s is not None:
+                # Kept in place: the new plan's estimate is the measured step time.
+                p.estimate_step_time_s = p.measured_step_time_s
+                p.flagged_off_estimate = False
+
+    def _dispatch(self, now: float) -> list[Launch]:
+        queue = [self.planned[t] for t, p in self.tasks.items() if p.state is TaskState.QUEUED and t in self.planned]
+        if not queue:
+            return []
+        out = []
+        for pt in dispatch(queue, self.free_gpus(), now_s=now):
+            p = self.tasks[pt.task]
+            p.state = TaskState.RUNNING
+            p.placement = pt.placement
+            p.reported_at_s = now + pt.setup_s
+            p.estimate_step_time_s = self._plan_step_time.get(pt.task)
+            p.measured_step_time_s = None
+            p.flagged_off_estimate = False
+            p.segments.append(Segment(pt.placement, now, pt.setup_s, steps_at_start=p.steps_done))
+            out.append(
+                Launch(
+                    pt.task,
+                    pt.placement,
+                    p.steps_done,
+                    pt.setup_s,
+                    pt.start_s,
+                    p.estimate_step_time_s,
+                )
+            )
+        return out
+
+    # ------------------------------------------------------------ reporting
+    def summary(self) -> Mapping[str, object]:
+        return {
+            "replans": len(self.replans),
+            "moves": self.moves,
+            "solver_time_s": self.solver_time_s,
+            "tasks": [p.to_dict() for p in self.tasks.values()],
+        }

@@ -1,0 +1,111 @@
+"""Typed events the control plane reacts to.
+
+Every event carries ``time_s``: the clock of whoever feeds the controller
+(seconds of a simulated clock in the simulator, seconds since the run
+started in the runtime). Events are immutable values; the controller keeps
+them in its log with the decision they caused.
+
+Example:
+    >>> TaskFinished(time_s=12.0, task="bert-0").kind
+    'task_finished'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ray_saturn.spec import NodeSpec
+
+__all__ = [
+    "Event",
+    "NodeAdded",
+    "NodeLost",
+    "TaskArrived",
+    "TaskFailed",
+    "TaskFinished",
+    "TaskOffEstimate",
+    "Tick",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """Base class: something happened at ``time_s``."""
+
+    time_s: float
+    kind: ClassVar[str] = "event"
+
+    def to_dict(self) -> dict:
+        out = {"kind": self.kind}
+        for k, v in self.__dict__.items():
+            out[k] = v.name if isinstance(v, NodeSpec) else (dict(v) if isinstance(v, Mapping) else v)
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskArrived(Event):
+    """``task`` (it must have rows in the controller's profile) may start from now on."""
+
+    task: str
+    kind: ClassVar[str] = "task_arrived"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskFinished(Event):
+    """``task`` ran all its steps; its GPUs are free."""
+
+    task: str
+    kind: ClassVar[str] = "task_finished"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskOffEstimate(Event):
+    """``task`` runs at ``measured_step_time_s`` per step, >10% off ``estimate_step_time_s``.
+
+    The controller raises this itself from :meth:`Controller.report_progress`;
+    a driver does not need to detect it.
+    """
+
+    task: str
+    measured_step_time_s: float
+    estimate_step_time_s: float
+    kind: ClassVar[str] = "task_off_estimate"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskFailed(Event):
+    """``task`` stopped with an error. ``steps_done`` is the progress it keeps
+    (its last checkpoint); ``None`` keeps the last reported progress."""
+
+    task: str
+    reason: str = ""
+    steps_done: int | None = None
+    kind: ClassVar[str] = "task_failed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeLost(Event):
+    """``node`` is gone; its tasks were interrupted. ``steps_done`` maps each of
+    them to the progress it keeps (last checkpoint); missing ones keep the last
+    reported progress."""
+
+    node: str
+    steps_done: Mapping[str, int] = field(default_factory=dict)
+    kind: ClassVar[str] = "node_lost"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeAdded(Event):
+    """``node`` joined (or came back) and its GPUs may be used from now on."""
+
+    node: NodeSpec
+    kind: ClassVar[str] = "node_added"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tick(Event):
+    """The clock reached a wake-up time the controller asked for (``next_wakeup_s``)."""
+
+    kind: ClassVar[str] = "tick"

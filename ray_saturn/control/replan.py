@@ -1,0 +1,283 @@
+"""Re-planning: when to re-plan (policy objects) and what the solver is given.
+
+:func:`build_replan_input` turns the controller's view of a run into a
+solver input, with times relative to now:
+
+- one profile row per original row of every task that is queued or running,
+  with ``steps`` = the remaining steps and ``step_time_s`` = the measured one
+  for the configuration a task runs on (its restart set-up still to go folded
+  in), and for the other configurations the profiled time scaled by the
+  task's measured slowdown (measured / profiled on the configuration it ran);
+- the cluster of the nodes alive now;
+- a :class:`~ray_saturn.context.PlanningContext` with every running task
+  pinned where it runs, ``restart_s`` the cost of moving it, and
+  ``movable`` false when the policy does not move running tasks.
+
+Re-planning policies (:class:`ReplanPolicy`) only say *when* to re-plan
+beyond the re-plans every policy must make (a task arrived, failed or lost
+its node: those tasks are not in the current plan). All of them call the
+same solver through the controller:
+
+- ``saturn-static`` (and every baseline solver under its own name, e.g.
+  ``fifo-whole-node``): keeps its plan; tasks keep their planned configuration
+  and per-node order but start as soon as their GPUs are free; never moves a
+  running task;
+- ``saturn-replan``: also re-plans when a task runs more than 10% off its
+  estimate, finishes more than 10% away from its planned end, or a node is
+  added; may move running tasks;
+- ``saturn-periodic``: also re-plans every ``interval_s`` (as the original
+  Saturn did); may move running tasks.
+
+Example:
+    >>> get_replan_policy("saturn-replan").allows_moves
+    True
+    >>> get_replan_policy("fifo-whole-node").solver_policy
+    'fifo-whole-node'
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ray_saturn.context import PlanningContext, RunningTask
+from ray_saturn.control.events import Event, NodeAdded, TaskFinished, TaskOffEstimate, Tick
+from ray_saturn.control.state import TaskProgress, TaskState
+from ray_saturn.errors import SaturnError
+from ray_saturn.profile_table import Config, ProfileTable
+from ray_saturn.spec import ClusterSpec
+
+__all__ = [
+    "EventReplan",
+    "PeriodicReplan",
+    "ReplanInput",
+    "ReplanPolicy",
+    "StaticReplan",
+    "build_replan_input",
+    "get_replan_policy",
+    "replan_policy_names",
+]
+
+#: A task more than this far off its estimate (relative) is reported off-estimate.
+OFF_ESTIMATE = 0.10
+
+
+@dataclass(frozen=True)
+class ReplanInput:
+    """What the solver is given at a re-plan; times relative to ``now_s``."""
+
+    now_s: float
+    profile: ProfileTable
+    cluster: ClusterSpec
+    context: PlanningContext
+    tasks: tuple[str, ...]
+
+
+def _scaled(c: Config, steps: int, step_time: float | None) -> Config:
+    return Config(
+        c.task,
+        c.strategy,
+        c.gpus,
+        c.nodes,
+        step_time if c.feasible else None,
+        steps,
+        c.feasible,
+        c.peak_mem_gb,
+        c.reason,
+    )
+
+
+def build_replan_input(
+    profile: ProfileTable,
+    progress: Mapping[str, TaskProgress],
+    cluster: ClusterSpec,
+    now_s: float,
+    *,
+    restart_s: float,
+    movable: bool,
+) -> ReplanInput | None:
+    """The solver input for the queued and running tasks at ``now_s`` (``None`` if there are none).
+
+    ``profile`` is the original profile (total steps, profiled step times);
+    ``cluster`` the nodes alive now.
+
+    Example:
+        >>> prof = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 1,
+        ...                                 "step_time_s": 1.0, "steps": 10}])
+        >>> p = TaskProgress("a", 10, state=TaskState.QUEUED, steps_done=4, arrived_s=0.0)
+        >>> inp = build_replan_input(prof, {"a": p}, ClusterSpec.uniform(1, 1), 5.0,
+        ...                          restart_s=2.0, movable=True)
+        >>> inp.profile.get("a", "ddp", 1).steps
+        6
+    """
+    active = [p for p in progress.values() if p.state in (TaskState.QUEUED, TaskState.RUNNING)]
+    if not active:
+        return None
+    order = {t: i for i, t in enumerate(profile.tasks)}
+    active.sort(key=lambda p: (p.arrived_s if p.arrived_s is not None else 0.0, order[p.task]))
+    alive = set(cluster.names)
+    rows: list[Config] = []
+    running: list[RunningTask] = []
+    for p in active:
+        done = p.steps_at(now_s) if p.state is TaskState.RUNNING else p.steps_done
+        remaining = max(1, p.total_steps - done)
+        current = p.placement if p.state is TaskState.RUNNING else None
+        for c in profile.configs(p.task):
+            if not c.feasible:
+                rows.append(_scaled(c, remaining, None))
+                continue
+            st = c.step_time_s * p.slowdown
+            if current is not None and c.key[1:] == current.config_key:
+                st = p.step_time_s() or st
+                setup_left = p.setup_left_s(now_s)
+                if setup_left > 0:
+                    st = (setup_left + remaining * st) / remaining
+            rows.append(_scaled(c, remaining, st))
+        if current is not None:
+            if not set(current.nodes) <= alive:
+                raise SaturnError(f"task {p.task!r} is running on a node that is gone; report NodeLost first")
+            running.append(
+                RunningTask(
+                    p.task,
+                    current.strategy,
+                    current.gpus,
+                    current.nodes,
+                    restart_s=restart_s,
+                    movable=movable and p.setup_left_s(now_s) <= 0,
+                )
+            )
+    table = ProfileTable.from_rows([_row(c) for c in rows], source=f"{profile.source}@{now_s:.0f}s")
+    ctx = PlanningContext(running=tuple(running))
+    return ReplanInput(now_s, table, cluster, ctx, tuple(p.task for p in active))
+
+
+def _row(c: Config) -> dict:
+    return {
+        "task": c.task,
+        "strategy": c.strategy,
+        "gpus": c.gpus,
+        "nodes": c.nodes,
+        "step_time_s": c.step_time_s,
+        "steps": c.steps,
+        "feasible": c.feasible,
+        "peak_mem_gb": c.peak_mem_gb,
+    }
+
+
+class ReplanPolicy(ABC):
+    """When to re-plan, besides the re-plans every policy makes.
+
+    ``solver_policy`` is the registered solver policy called at every plan
+    (``saturn`` or a baseline); ``allows_moves`` whether running tasks may be
+    moved (checkpoint-restart) by a re-plan.
+    """
+
+    name: str
+    solver_policy: str = "saturn"
+    allows_moves: bool = False
+
+    @abstractmethod
+    def wants_replan(self, event: Event, task: TaskProgress | None, planned_end_s: float | None) -> str | None:
+        """The reason to re-plan on ``event`` (``None``: keep the plan).
+
+        ``task`` is the event's task, if any; ``planned_end_s`` its end in the
+        current plan (absolute time), if it has one.
+        """
+
+    def next_tick_s(self, last_plan_s: float, first_makespan_s: float) -> float | None:
+        """The next time the controller should wake up to re-plan (``None``: never)."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, solver_policy={self.solver_policy!r})"
+
+
+class StaticReplan(ReplanPolicy):
+    """Keep the plan: only the re-plans every policy must make; never move a running task."""
+
+    allows_moves = False
+
+    def __init__(self, solver_policy: str = "saturn", name: str | None = None) -> None:
+        self.solver_policy = solver_policy
+        self.name = name or (solver_policy if solver_policy != "saturn" else "saturn-static")
+
+    def wants_replan(self, event, task, planned_end_s):
+        return None
+
+
+class EventReplan(ReplanPolicy):
+    """Re-plan on events: a task off its estimate, a finish off its planned end, a node added."""
+
+    name = "saturn-replan"
+    allows_moves = True
+
+    def __init__(self, solver_policy: str = "saturn", tolerance: float = OFF_ESTIMATE) -> None:
+        self.solver_policy = solver_policy
+        self.tolerance = tolerance
+
+    def wants_replan(self, event, task, planned_end_s):
+        if isinstance(event, TaskOffEstimate):
+            return (
+                f"{event.task} runs at {event.measured_step_time_s:.3g} s/step, "
+                f"estimate {event.estimate_step_time_s:.3g}"
+            )
+        if isinstance(event, NodeAdded):
+            return f"node {event.node.name} added"
+        if isinstance(event, TaskFinished) and task is not None and planned_end_s is not None and task.segments:
+            planned = max(1e-9, planned_end_s - task.segments[0].start_s)
+            if abs(event.time_s - planned_end_s) > self.tolerance * planned:
+                off = event.time_s - planned_end_s
+                return f"{event.task} finished {off:+.0f} s from its planned end"
+        return None
+
+
+class PeriodicReplan(ReplanPolicy):
+    """Re-plan every ``interval_s`` (default: 1/10 of the first plan's makespan)."""
+
+    name = "saturn-periodic"
+    allows_moves = True
+
+    def __init__(self, solver_policy: str = "saturn", interval_s: float | None = None, fraction: float = 0.1) -> None:
+        if interval_s is not None and interval_s <= 0:
+            raise SaturnError(f"re-planning interval is {interval_s} s; give a positive number")
+        self.solver_policy = solver_policy
+        self.interval_s = interval_s
+        self.fraction = fraction
+
+    def wants_replan(self, event, task, planned_end_s):
+        return "periodic" if isinstance(event, Tick) else None
+
+    def next_tick_s(self, last_plan_s, first_makespan_s):
+        interval = self.interval_s or max(1e-6, self.fraction * first_makespan_s)
+        return last_plan_s + interval
+
+
+_NAMED = {
+    "saturn-static": StaticReplan,
+    "saturn-replan": EventReplan,
+    "saturn-periodic": PeriodicReplan,
+}
+
+
+def replan_policy_names() -> list[str]:
+    """The saturn re-planning policies and every registered solver policy (as a static baseline)."""
+    from ray_saturn.solver import policy_names
+
+    return list(_NAMED) + [p for p in policy_names() if p != "saturn"]
+
+
+def get_replan_policy(name: str, **kwargs) -> ReplanPolicy:
+    """A re-planning policy by name: ``saturn-static``, ``saturn-replan``, ``saturn-periodic``,
+    or a solver policy's name (run as a static plan, e.g. ``fifo-whole-node``)."""
+    if name in _NAMED:
+        return _NAMED[name](**kwargs)
+    if name in replan_policy_names():
+        if kwargs:
+            raise SaturnError(f"policy {name!r} takes no options (got {', '.join(kwargs)})")
+        return StaticReplan(solver_policy=name)
+    raise SaturnError(f"unknown policy {name!r}; choose from: {', '.join(replan_policy_names())}")
+
+
+def policies_from_names(names: Sequence[str]) -> list[ReplanPolicy]:
+    return [get_replan_policy(n) for n in names]

@@ -1,0 +1,150 @@
+"""What the control plane knows about each task: its state and its progress.
+
+A task moves through these states::
+
+    PENDING --arrive--> QUEUED --launch--> RUNNING --finish--> FINISHED
+                          ^                   |
+                          +--- move / fail ---+        (fails too often) --> FAILED
+
+- PENDING: in the profile but not arrived yet (never planned).
+- QUEUED: arrived, waiting for its planned GPUs (possibly after a move or a
+  failure, with the progress it kept).
+- RUNNING: on a configuration and nodes (a :class:`Segment`).
+- FINISHED / FAILED: done; FAILED carries the reason.
+
+Progress is what the driver reports (steps done, measured seconds per step);
+between reports it is extrapolated with the measured (else planned) step
+time, so a re-plan at any instant sees a current estimate.
+
+Example:
+    >>> p = TaskProgress("a", total_steps=100)
+    >>> p.state
+    <TaskState.PENDING: 'pending'>
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["Placement", "Segment", "TaskProgress", "TaskState"]
+
+
+class TaskState(str, enum.Enum):
+    PENDING = "pending"
+    QUEUED = "queued"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A configuration on concrete nodes: ``gpus`` split evenly over ``nodes``."""
+
+    strategy: str
+    gpus: int
+    nodes: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+
+    @property
+    def per_node(self) -> int:
+        return self.gpus // len(self.nodes)
+
+    @property
+    def config_key(self) -> tuple[str, int, int]:
+        """(strategy, gpus, node count): the profile row, independent of the node names."""
+        return (self.strategy, self.gpus, len(self.nodes))
+
+    def to_dict(self) -> dict:
+        return {"strategy": self.strategy, "gpus": self.gpus, "nodes": list(self.nodes)}
+
+
+@dataclass
+class Segment:
+    """One stretch of a task on one placement: [start_s, end_s), restarting for ``setup_s``."""
+
+    placement: Placement
+    start_s: float
+    setup_s: float = 0.0
+    end_s: float | None = None
+    steps_at_start: int = 0
+
+    def to_dict(self) -> dict:
+        out = self.placement.to_dict()
+        out.update(start_s=self.start_s, end_s=self.end_s)
+        if self.setup_s:
+            out["setup_s"] = self.setup_s
+        return out
+
+
+@dataclass
+class TaskProgress:
+    """One task as the controller sees it.
+
+    ``estimate_step_time_s`` is the step time the current plan assumed for the
+    running configuration; ``measured_step_time_s`` the latest measurement on
+    it (``None`` until the driver reports one).
+    """
+
+    task: str
+    total_steps: int
+    state: TaskState = TaskState.PENDING
+    steps_done: int = 0
+    reported_at_s: float = 0.0
+    arrived_s: float | None = None
+    finished_s: float | None = None
+    placement: Placement | None = None
+    estimate_step_time_s: float | None = None
+    measured_step_time_s: float | None = None
+    #: measured / profiled step time of the last measured configuration (1.0 if none yet)
+    slowdown: float = 1.0
+    flagged_off_estimate: bool = False
+    failures: int = 0
+    reason: str | None = None
+    segments: list[Segment] = field(default_factory=list)
+
+    @property
+    def remaining_steps(self) -> int:
+        return max(0, self.total_steps - self.steps_done)
+
+    @property
+    def running_segment(self) -> Segment | None:
+        if self.state is TaskState.RUNNING and self.segments:
+            return self.segments[-1]
+        return None
+
+    def step_time_s(self) -> float | None:
+        """Best current estimate of seconds per step on the running configuration."""
+        return self.measured_step_time_s if self.measured_step_time_s is not None else self.estimate_step_time_s
+
+    def steps_at(self, now_s: float) -> int:
+        """Steps done by ``now_s``, extrapolated from the last report (never past the total)."""
+        seg = self.running_segment
+        st = self.step_time_s()
+        if seg is None or st is None or st <= 0:
+            return self.steps_done
+        since = now_s - max(self.reported_at_s, seg.start_s + seg.setup_s)
+        extra = math.floor(max(0.0, since) / st + 1e-9)
+        return min(self.total_steps, self.steps_done + extra)
+
+    def setup_left_s(self, now_s: float) -> float:
+        """Restart set-up still to go at ``now_s`` (0 when not restarting)."""
+        seg = self.running_segment
+        if seg is None:
+            return 0.0
+        return max(0.0, seg.start_s + seg.setup_s - now_s)
+
+    def to_dict(self) -> dict:
+        return {
+            "task": self.task,
+            "state": self.state.value,
+            "steps_done": self.steps_done,
+            "total_steps": self.total_steps,
+            "failures": self.failures,
+            "reason": self.reason,
+            "segments": [s.to_dict() for s in self.segments],
+        }

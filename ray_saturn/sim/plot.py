@@ -1,0 +1,142 @@
+"""Charts of simulated runs: GPU utilisation over time and a Gantt chart per policy.
+
+matplotlib is imported lazily (``pip install ray-saturn[plot]``).
+
+Example:
+    >>> plot_results(results, "sim.png")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from ray_saturn.errors import SaturnError
+from ray_saturn.sim.simulator import SimResult
+from ray_saturn.spec import ClusterSpec
+
+__all__ = ["plot_results"]
+
+
+def _matplotlib():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SaturnError("--plot needs matplotlib; pip install 'ray-saturn[plot]'") from None
+    return plt
+
+
+def plot_results(
+    results: Mapping[str, SimResult],
+    path: str | os.PathLike[str],
+    *,
+    cluster: ClusterSpec | None = None,
+    max_gantt_rows: int = 400,
+) -> str:
+    """Write one PNG: utilisation of all policies on top, then a Gantt chart per policy.
+
+    Gantt rows are GPU slots (node, GPU); a task on several GPUs fills several
+    rows; restart set-up is hatched. Clusters with more than ``max_gantt_rows``
+    GPUs are drawn one row per node instead.
+    """
+    plt = _matplotlib()
+    names = list(results)
+    if not names:
+        raise SaturnError("nothing to plot: no policy was simulated")
+    fig, axes = plt.subplots(
+        len(names) + 1,
+        1,
+        figsize=(12, 2.6 + 2.4 * len(names)),
+        squeeze=False,
+        gridspec_kw={"height_ratios": [1.2] + [2] * len(names)},
+    )
+    ax = axes[0][0]
+    for name in names:
+        r = results[name]
+        cap = _step_lookup(r.capacity)
+        xs, ys = [], []
+        for (t, busy), (t2, _) in zip(r.usage, [*r.usage[1:], (r.makespan_s, 0)], strict=True):
+            c = cap(t) or 1
+            xs += [t / 3600, max(t, t2) / 3600]
+            ys += [busy / c, busy / c]
+        ax.plot(xs, ys, label=f"{name} ({r.makespan_s / 3600:.2f} h)", lw=1)
+    ax.set_ylabel("GPU utilisation")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=7, ncol=3, loc="lower left")
+    ax.set_title("GPU utilisation over time")
+    horizon = max(r.makespan_s for r in results.values()) / 3600
+    for i, name in enumerate(names, start=1):
+        _gantt(axes[i][0], results[name], cluster, max_gantt_rows)
+        axes[i][0].set_xlim(0, horizon * 1.01)
+    axes[-1][0].set_xlabel("hours")
+    ax.set_xlim(0, horizon * 1.01)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def _step_lookup(steps):
+    def at(t: float) -> int:
+        v = steps[0][1]
+        for s, val in steps:
+            if s > t:
+                break
+            v = val
+        return v
+
+    return at
+
+
+def _gantt(ax, r: SimResult, cluster: ClusterSpec | None, max_rows: int) -> None:
+    nodes: dict[str, int] = {}
+    if cluster is not None:
+        nodes = {n.name: n.gpus for n in cluster.nodes}
+    else:
+        for rec in r.tasks:
+            for s in rec.segments:
+                for n in s["nodes"]:
+                    nodes[n] = max(nodes.get(n, 0), s["gpus"] // len(s["nodes"]))
+    per_gpu = sum(nodes.values()) <= max_rows
+    base, y = {}, 0
+    for n, g in nodes.items():
+        base[n] = y
+        y += g if per_gpu else 1
+    # Segments sorted by start; each takes the lowest free GPU rows of its nodes.
+    segs = sorted(((s, rec.task) for rec in r.tasks for s in rec.segments), key=lambda x: x[0]["start_s"])
+    busy_until: dict[tuple[str, int], float] = {}
+    cmap = _colours(len(r.tasks))
+    colour = {rec.task: cmap[i % len(cmap)] for i, rec in enumerate(r.tasks)}
+    for s, task in segs:
+        start, end = s["start_s"] / 3600, (s["end_s"] or s["start_s"]) / 3600
+        q = s["gpus"] // len(s["nodes"])
+        for n in s["nodes"]:
+            rows = [base[n]] if not per_gpu else _take(busy_until, n, base[n], nodes[n], q, start, end)
+            for row in rows:
+                ax.broken_barh([(start, end - start)], (row, 0.9), color=colour[task], lw=0)
+                if s.get("setup_s"):
+                    ax.broken_barh(
+                        [(start, s["setup_s"] / 3600)], (row, 0.9), facecolor="none", edgecolor="k", hatch="///", lw=0
+                    )
+    ax.set_ylim(0, max(y, 1))
+    ax.set_ylabel("GPU" if per_gpu else "node")
+    ax.set_title(f"{r.policy}: makespan {r.makespan_s / 3600:.2f} h, {r.moves} moves, {r.replans} plans", fontsize=9)
+    ax.set_yticks([])
+
+
+def _take(busy_until, node, base, gpus, q, start, end) -> list[int]:
+    free = [i for i in range(gpus) if busy_until.get((node, i), -1.0) <= start + 1e-9]
+    rows = free[:q] if len(free) >= q else list(range(q))
+    for i in rows:
+        busy_until[(node, i)] = end
+    return [base + i for i in rows]
+
+
+def _colours(n: int) -> list:
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20"]
+    return [cmap(i % 20) for i in range(max(1, min(n, 20)))]

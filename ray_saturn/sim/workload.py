@@ -1,0 +1,163 @@
+"""What the simulator draws: true step times, arrival times, node failures.
+
+All draws are seeded and keyed by task (or node) name, so the same seed gives
+the same world to every policy, whatever order they run in.
+
+- True step time of configuration ``c`` of task ``t``: the profiled one times
+  ``f_t x j_tc``, with a per-task factor ``f_t = exp(sigma z - sigma^2 / 2)``
+  (how wrong the profile is about the task: data, convergence, stragglers) and
+  a per-configuration jitter ``j_tc`` of a quarter of that spread; both have
+  mean 1 and ``sigma = noise``.
+- Arrivals: all at 0 (model selection), a Poisson process of a given rate in
+  profile order, a trace (task -> time), or the profile's ``arrival_s``
+  column.
+- Node failures: a node is lost at a time and may come back later.
+
+Example:
+    >>> from ray_saturn import ProfileTable
+    >>> prof = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 1,
+    ...                                 "step_time_s": 1.0, "steps": 10}])
+    >>> true_step_times(prof, noise=0.0, seed=0)[("a", "ddp", 1, 1)]
+    1.0
+    >>> parse_arrivals("poisson:60", prof, seed=0)  # the first task arrives at 0
+    {'a': 0.0}
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ray_saturn.errors import SpecError
+from ray_saturn.profile_table import ProfileTable
+from ray_saturn.spec import ClusterSpec
+
+__all__ = ["NodeFailure", "parse_arrivals", "parse_failures", "random_failures", "true_step_times"]
+
+
+def _rng(seed: int, *keys: str) -> np.random.Generator:
+    return np.random.default_rng([seed, *(zlib.crc32(k.encode()) for k in keys)])
+
+
+def true_step_times(profile: ProfileTable, *, noise: float, seed: int) -> dict[tuple[str, str, int, int], float]:
+    """The step time each feasible configuration really has in the simulated world."""
+    if not math.isfinite(noise) or noise < 0:
+        raise SpecError(f"--noise is {noise}; give a relative spread >= 0 (0.2 = 20%)")
+    out = {}
+    for task in profile.tasks:
+        rng = _rng(seed, "task", task)
+        f = math.exp(noise * rng.standard_normal() - noise * noise / 2) if noise else 1.0
+        for c in profile.configs(task, feasible_only=True):
+            assert c.step_time_s is not None
+            j = 1.0
+            if noise:
+                s = noise / 4
+                r = _rng(seed, "config", task, c.strategy, str(c.gpus), str(c.nodes))
+                j = math.exp(s * r.standard_normal() - s * s / 2)
+            out[c.key] = c.step_time_s * f * j
+    return out
+
+
+def parse_arrivals(spec: str | None, profile: ProfileTable, *, seed: int) -> dict[str, float]:
+    """Arrival time per task from ``spec``: ``0`` / ``None`` (all at 0), ``poisson:R``
+    (R tasks per hour), ``profile`` (the profile's ``arrival_s`` column) or a CSV file
+    with columns ``task,arrival_s``."""
+    tasks = profile.tasks
+    if spec is None or spec.strip() in ("", "0", "zero"):
+        return dict.fromkeys(tasks, 0.0)
+    spec = spec.strip()
+    if spec.startswith("poisson:"):
+        try:
+            rate = float(spec.split(":", 1)[1])
+        except ValueError:
+            rate = -1.0
+        if not rate > 0:
+            raise SpecError(f"--arrivals {spec!r}: give poisson:R with R > 0 tasks per hour")
+        gaps = _rng(seed, "arrivals").exponential(3600.0 / rate, size=len(tasks))
+        gaps[0] = 0.0
+        return dict(zip(tasks, np.cumsum(gaps).tolist(), strict=False))
+    if spec == "profile":
+        table = profile.to_arrow()
+        if "arrival_s" not in table.column_names:
+            raise SpecError("--arrivals profile: the profile has no arrival_s column")
+        out: dict[str, float] = {}
+        for t, a in zip(table.column("task").to_pylist(), table.column("arrival_s").to_pylist(), strict=False):
+            out.setdefault(t, float(a or 0.0))
+        return _checked(out, tasks, "the profile's arrival_s column")
+    path = Path(spec)
+    if not path.is_file():
+        raise SpecError(f"--arrivals {spec!r}: not 0, poisson:R, profile, or an existing CSV file (task,arrival_s)")
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    if not rows or not {"task", "arrival_s"} <= set(rows[0]):
+        raise SpecError(f"{path}: an arrivals trace needs the columns task,arrival_s")
+    try:
+        out = {r["task"]: float(r["arrival_s"]) for r in rows}
+    except ValueError as exc:
+        raise SpecError(f"{path}: arrival_s must be a number ({exc})") from None
+    return _checked(out, tasks, str(path))
+
+
+def _checked(arrivals: Mapping[str, float], tasks: Sequence[str], where: str) -> dict[str, float]:
+    missing = [t for t in tasks if t not in arrivals]
+    if missing:
+        raise SpecError(f"{where}: no arrival time for task(s) {', '.join(missing[:5])}")
+    bad = [t for t in tasks if not math.isfinite(arrivals[t]) or arrivals[t] < 0]
+    if bad:
+        raise SpecError(f"{where}: arrival time of {bad[0]!r} is {arrivals[bad[0]]}; give a time >= 0")
+    return {t: float(arrivals[t]) for t in tasks}
+
+
+@dataclass(frozen=True)
+class NodeFailure:
+    """``node`` is lost at ``at_s`` and comes back at ``back_s`` (``None``: never)."""
+
+    node: str
+    at_s: float
+    back_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.at_s) or self.at_s < 0:
+            raise SpecError(f"node failure of {self.node!r} at {self.at_s}; give a time >= 0")
+        if self.back_s is not None and not self.back_s > self.at_s:
+            raise SpecError(f"node {self.node!r} comes back at {self.back_s}, not after its failure at {self.at_s}")
+
+
+def parse_failures(spec: str, cluster: ClusterSpec) -> list[NodeFailure]:
+    """``NODE@AT[:BACK],...`` (seconds), e.g. ``node-1@3600:7200,node-2@5000``."""
+    out = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        try:
+            node, times = part.split("@", 1)
+            at, _, back = times.partition(":")
+            failure = NodeFailure(node, float(at), float(back) if back else None)
+        except ValueError:
+            raise SpecError(f"--failures {part!r}: write NODE@AT or NODE@AT:BACK (seconds)") from None
+        cluster.node(failure.node)
+        out.append(failure)
+    return out
+
+
+def random_failures(
+    cluster: ClusterSpec, count: int, *, horizon_s: float, recovery_s: float | None, seed: int
+) -> list[NodeFailure]:
+    """``count`` failures of distinct random nodes at uniform times in [0, horizon_s)."""
+    if count < 0 or count >= len(cluster.nodes):
+        raise SpecError(f"{count} node failures on {len(cluster.nodes)} nodes; give 0 to {len(cluster.nodes) - 1}")
+    rng = _rng(seed, "failures")
+    nodes = rng.choice(len(cluster.nodes), size=count, replace=False)
+    times = np.sort(rng.uniform(0.05 * horizon_s, horizon_s, size=count))
+    return [
+        NodeFailure(
+            cluster.nodes[int(i)].name,
+            float(t),
+            None if recovery_s is None else float(t + recovery_s),
+        )
+        for i, t in zip(nodes, times, strict=False)
+    ]

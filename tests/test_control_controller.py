@@ -1,0 +1,191 @@
+"""The Controller stepped one event at a time, as the runtime's driver and the simulator do."""
+
+from __future__ import annotations
+
+import pytest
+
+from ray_saturn import ClusterSpec, NodeSpec, ProfileTable, SaturnError, validate_plan
+from ray_saturn.control import (
+    Controller,
+    Launch,
+    NodeAdded,
+    NodeLost,
+    Stop,
+    TaskArrived,
+    TaskFailed,
+    TaskFinished,
+    TaskState,
+    Tick,
+)
+
+
+def _rows(*specs):
+    rows = []
+    for task, steps, options in specs:
+        for gpus, st in options:
+            rows.append({"task": task, "strategy": "ddp", "gpus": gpus, "step_time_s": st, "steps": steps})
+    return ProfileTable.from_rows(rows)
+
+
+def _checked_controller(profile, cluster, policy, **kw):
+    plans = []
+
+    def on_plan(plan, inp):
+        validate_plan(plan, inp.profile, inp.cluster, inp.context)
+        plans.append((plan, inp))
+
+    ctl = Controller(profile, cluster, policy, solver_time_limit_s=1.0, on_plan=on_plan, deterministic=True, **kw)
+    return ctl, plans
+
+
+def test_static_run_launches_in_plan_order_and_frees_gpus():
+    prof = _rows(("a", 10, [(2, 1.0)]), ("b", 10, [(2, 1.0)]), ("c", 10, [(1, 1.0)]))
+    ctl, plans = _checked_controller(prof, ClusterSpec.uniform(1, 2), "saturn-static")
+    first = ctl.start(0.0)
+    assert len(first) == 1 and isinstance(first[0], Launch)
+    assert ctl.free_gpus() == {"node-0": 2 - first[0].placement.gpus}
+    t = 0.0
+    finished = []
+    actions = first
+    while not ctl.done:
+        running = [a for a in actions if isinstance(a, Launch)]
+        assert running, "the controller stalled"
+        a = running[0]
+        t += 10.0
+        finished.append(a.task)
+        actions = ctl.handle(TaskFinished(time_s=t, task=a.task)) + running[1:]
+    assert sorted(finished) == ["a", "b", "c"]
+    assert len(plans) == 1 and ctl.moves == 0
+    assert all(ctl.state(x).state is TaskState.FINISHED for x in "abc")
+
+
+def test_arrival_is_planned_and_launched():
+    prof = _rows(("a", 100, [(1, 1.0)]), ("b", 10, [(1, 1.0)]))
+    ctl, plans = _checked_controller(prof, ClusterSpec.uniform(1, 2), "saturn-static")
+    assert [a.task for a in ctl.start(0.0, arrived=["a"])] == ["a"]
+    assert ctl.state("b").state is TaskState.PENDING
+    out = ctl.handle(TaskArrived(time_s=5.0, task="b"))
+    assert [a.task for a in out] == ["b"]
+    assert len(plans) == 2 and plans[1][1].now_s == 5.0
+    # The running task was pinned where it runs, and the static policy may not move it.
+    (r,) = plans[1][1].context.running
+    assert r.task == "a" and not r.movable
+    with pytest.raises(SaturnError, match="arrived twice"):
+        ctl.handle(TaskArrived(time_s=6.0, task="b"))
+
+
+def test_failed_task_is_relaunched_with_its_progress_then_given_up():
+    prof = _rows(("a", 100, [(1, 1.0)]))
+    ctl, _ = _checked_controller(prof, ClusterSpec.uniform(1, 1), "saturn-static", max_failures=1)
+    ctl.start(0.0)
+    out = ctl.handle(TaskFailed(time_s=30.0, task="a", reason="worker died", steps_done=20))
+    assert [(a.task, a.steps_done) for a in out] == [("a", 20)]
+    plan_rows = ctl.plan.assignment("a")
+    assert plan_rows.end_s - plan_rows.start_s == pytest.approx(80.0)  # remaining steps only
+    out = ctl.handle(TaskFailed(time_s=40.0, task="a", reason="worker died again"))
+    assert out == [] and ctl.state("a").state is TaskState.FAILED and ctl.done
+    assert "again" in ctl.state("a").reason
+
+
+def test_node_lost_requeues_its_tasks_and_replans_without_it():
+    prof = _rows(("a", 100, [(2, 1.0)]), ("b", 100, [(2, 1.0)]))
+    ctl, plans = _checked_controller(prof, ClusterSpec.uniform(2, 2), "saturn-static")
+    launched = {a.task: a.placement.nodes[0] for a in ctl.start(0.0)}
+    assert set(launched) == {"a", "b"}
+    lost = launched["a"]
+    out = ctl.handle(NodeLost(time_s=50.0, node=lost, steps_done={"a": 40}))
+    assert ctl.state("a").steps_done == 40
+    assert lost not in ctl.free_gpus()
+    assert out == []  # the other node is busy with b
+    assert lost not in plans[-1][1].cluster.names
+    out = ctl.handle(TaskFinished(time_s=100.0, task="b"))
+    assert [(a.task, a.placement.nodes, a.steps_done) for a in out] == [("a", (launched["b"],), 40)]
+    with pytest.raises(SaturnError, match="not in the cluster"):
+        ctl.handle(NodeLost(time_s=101.0, node=lost))
+
+
+def test_node_added_is_used_by_the_replanning_policy_only():
+    prof = _rows(("a", 100, [(1, 1.0)]), ("b", 100, [(1, 1.0)]))
+    for policy, expect in (("saturn-static", []), ("saturn-replan", ["b"])):
+        ctl, _ = _checked_controller(prof, ClusterSpec.uniform(1, 1), policy)
+        assert [a.task for a in ctl.start(0.0)] == ["a"]
+        out = ctl.handle(NodeAdded(time_s=10.0, node=NodeSpec("node-9", 1)))
+        assert [a.task for a in out if isinstance(a, Launch)] == expect, policy
+
+
+def test_early_finish_triggers_a_replan_and_a_worthwhile_move():
+    # a and b share the node on 1 GPU each; b finishes far earlier than planned, so the
+    # re-plan moves a onto both GPUs (its restart cost is small against the gain).
+    prof = _rows(("a", 1000, [(1, 1.0), (2, 0.6)]), ("b", 1000, [(1, 1.0)]))
+    ctl, plans = _checked_controller(prof, ClusterSpec.uniform(1, 2), "saturn-replan", restart_s=5.0)
+    assert {a.task: a.placement.gpus for a in ctl.start(0.0)} == {"a": 1, "b": 1}
+    out = ctl.handle(TaskFinished(time_s=10.0, task="b"))
+    stops = [a for a in out if isinstance(a, Stop)]
+    launches = [a for a in out if isinstance(a, Launch)]
+    assert [s.task for s in stops] == ["a"] and stops[0].target.gpus == 2
+    assert [(a.task, a.placement.gpus, a.setup_s, a.steps_done) for a in launches] == [("a", 2, 5.0, 10)]
+    rec = ctl.replans[-1]
+    assert "from its planned end" in rec.reasons[0] and rec.moves[0].move and ctl.moves == 1
+    assert rec.moves[0].predicted_gain_s > 5.0
+    # Running 2x slower than the plan's estimate is an off-estimate event: another re-plan.
+    ctl.report_progress("a", 20, 30.0, step_time_s=1.2)
+    assert "runs at" in ctl.replans[-1].reasons[0] and len(plans) == 3
+    assert ctl.state("a").estimate_step_time_s == pytest.approx(1.2)  # the new plan's estimate
+
+
+def test_static_policy_neither_replans_on_deviation_nor_moves():
+    prof = _rows(("a", 1000, [(1, 1.0), (2, 0.6)]), ("b", 1000, [(1, 1.0)]))
+    ctl, plans = _checked_controller(prof, ClusterSpec.uniform(1, 2), "saturn-static", restart_s=5.0)
+    ctl.start(0.0)
+    assert ctl.handle(TaskFinished(time_s=10.0, task="b")) == []
+    assert ctl.report_progress("a", 20, 30.0, step_time_s=5.0) == []
+    assert len(plans) == 1 and ctl.moves == 0
+
+
+def test_small_deviation_or_costly_move_keeps_the_task():
+    # After b ends at 30 s, moving a to 2 GPUs ends at 30 + 300 + 970 x 0.6 = 912 s instead of
+    # 1000 s: the solver proposes it, but the 88 s gain does not exceed the 300 s restart cost.
+    prof = _rows(("a", 1000, [(1, 1.0), (2, 0.6)]), ("b", 1000, [(1, 1.0)]))
+    ctl, _ = _checked_controller(prof, ClusterSpec.uniform(1, 2), "saturn-replan", restart_s=300.0)
+    ctl.start(0.0)
+    assert ctl.report_progress("b", 20, 20.0, step_time_s=1.05) == []  # within 10%: no re-plan
+    assert len(ctl.replans) == 1
+    out = ctl.handle(TaskFinished(time_s=30.0, task="b"))
+    assert not any(isinstance(a, Stop) for a in out) and ctl.moves == 0
+    assert ctl.replans[-1].moves and not ctl.replans[-1].moves[0].move
+
+
+def test_periodic_policy_wakes_up_and_replans():
+    prof = _rows(("a", 100, [(1, 1.0)]), ("b", 200, [(1, 1.0)]))
+    ctl, plans = _checked_controller(prof, ClusterSpec.uniform(1, 2), "saturn-periodic")
+    ctl.start(0.0)
+    wake = ctl.next_wakeup_s()
+    assert wake == pytest.approx(20.0)  # 10% of the first plan's makespan (200 s)
+    ctl.handle(Tick(time_s=wake))
+    assert len(plans) == 2 and ctl.replans[-1].reasons == ["periodic"]
+    assert ctl.next_wakeup_s() == pytest.approx(40.0)
+
+
+def test_min_gap_defers_replans_to_a_wakeup():
+    prof = _rows(("a", 100, [(1, 1.0)]), ("b", 100, [(1, 1.0)]), ("c", 100, [(1, 1.0)]))
+    ctl, plans = _checked_controller(prof, ClusterSpec.uniform(1, 2), "saturn-static", min_replan_gap_s=50.0)
+    ctl.start(0.0, arrived=["a"])
+    assert ctl.handle(TaskArrived(time_s=10.0, task="b")) == []  # deferred
+    assert ctl.next_wakeup_s() == pytest.approx(50.0)
+    ctl.handle(TaskArrived(time_s=20.0, task="c"))
+    out = ctl.handle(Tick(time_s=50.0))
+    assert len(plans) == 2 and len(ctl.replans[-1].reasons) == 2
+    assert [a.task for a in out] == ["b"]
+
+
+def test_bad_inputs_are_one_line_errors():
+    prof = _rows(("a", 10, [(1, 1.0)]))
+    with pytest.raises(SaturnError, match="restart cost"):
+        Controller(prof, ClusterSpec.uniform(1, 1), "saturn-static", restart_s=-1)
+    with pytest.raises(SaturnError, match="unknown policy"):
+        Controller(prof, ClusterSpec.uniform(1, 1), "nope")
+    ctl = Controller(prof, ClusterSpec.uniform(1, 1), "saturn-static")
+    with pytest.raises(SaturnError, match="not running"):
+        ctl.handle(TaskFinished(time_s=1.0, task="a"))
+    with pytest.raises(SaturnError, match="not in the profile"):
+        ctl.state("zzz")

@@ -1,0 +1,170 @@
+"""Unit tests of the control-plane pieces: dispatch, re-planning input, move decisions, policies."""
+
+from __future__ import annotations
+
+import pytest
+
+from ray_saturn import ClusterSpec, ProfileTable, SaturnError
+from ray_saturn.control import (
+    EventReplan,
+    PeriodicReplan,
+    Placement,
+    PlannedTask,
+    StaticReplan,
+    TaskFinished,
+    TaskOffEstimate,
+    TaskProgress,
+    TaskState,
+    Tick,
+    build_replan_input,
+    decide_moves,
+    dispatch,
+    get_replan_policy,
+    replan_policy_names,
+)
+from ray_saturn.control.state import Segment
+from ray_saturn.plan import Assignment, Plan
+
+
+def _pt(task, nodes, start, gpus=2):
+    return PlannedTask(task, Placement("ddp", gpus, tuple(nodes)), start, start + 10)
+
+
+def test_dispatch_starts_early_when_gpus_are_free():
+    q = [_pt("a", ["n0"], 0.0), _pt("b", ["n0"], 50.0)]
+    assert [p.task for p in dispatch(q, {"n0": 4}, now_s=0.0)] == ["a", "b"]
+
+
+def test_dispatch_keeps_per_node_order():
+    # b is planned after a on n0: while a cannot start (n1 busy), b must wait too.
+    q = [_pt("a", ["n0", "n1"], 0.0), _pt("b", ["n0"], 5.0, gpus=1), _pt("c", ["n2"], 9.0)]
+    out = dispatch(q, {"n0": 4, "n1": 0, "n2": 2}, now_s=0.0)
+    assert [p.task for p in out] == ["c"]
+
+
+def test_dispatch_never_oversubscribes_and_skips_lost_nodes():
+    q = [_pt("a", ["n0"], 0.0, gpus=3), _pt("b", ["n1"], 0.0, gpus=3), _pt("c", ["gone"], 0.0)]
+    out = dispatch(q, {"n0": 4, "n1": 2}, now_s=0.0)
+    assert [p.task for p in out] == ["a"]
+
+
+def _profile():
+    return ProfileTable.from_rows(
+        [
+            {"task": "a", "strategy": "ddp", "gpus": 1, "step_time_s": 2.0, "steps": 100},
+            {"task": "a", "strategy": "ddp", "gpus": 2, "step_time_s": 1.2, "steps": 100},
+            {"task": "a", "strategy": "fsdp", "gpus": 1, "step_time_s": None, "steps": 100, "feasible": False},
+            {"task": "b", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 50},
+            {"task": "c", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 50},
+        ]
+    )
+
+
+def test_replan_input_uses_remaining_steps_and_measured_step_times():
+    prof = _profile()
+    running = TaskProgress(
+        "a",
+        100,
+        state=TaskState.RUNNING,
+        steps_done=40,
+        reported_at_s=100.0,
+        arrived_s=0.0,
+        placement=Placement("ddp", 2, ("n0",)),
+        estimate_step_time_s=1.2,
+        measured_step_time_s=1.5,
+        slowdown=1.25,
+    )
+    running.segments.append(Segment(running.placement, 0.0))
+    queued = TaskProgress("b", 50, state=TaskState.QUEUED, steps_done=10, arrived_s=0.0)
+    pending = TaskProgress("c", 50)  # not arrived: not planned
+    inp = build_replan_input(
+        prof,
+        {"a": running, "b": queued, "c": pending},
+        ClusterSpec.uniform(1, 2, "n"),
+        103.0,
+        restart_s=7.0,
+        movable=True,
+    )
+    assert inp.tasks == ("a", "b")
+    cur = inp.profile.get("a", "ddp", 2)
+    # 3 s after the report at 1.5 s/step: 2 more steps done.
+    assert cur.steps == 58 and cur.step_time_s == pytest.approx(1.5)
+    other = inp.profile.get("a", "ddp", 1)
+    assert other.step_time_s == pytest.approx(2.0 * 1.25)  # the task's slowdown carries over
+    assert not inp.profile.get("a", "fsdp", 1).feasible
+    assert inp.profile.get("b", "ddp", 1).steps == 40
+    (r,) = inp.context.running
+    assert (r.task, r.nodes, r.restart_s, r.movable) == ("a", ("n0",), 7.0, True)
+    pinned = build_replan_input(
+        prof, {"a": running}, ClusterSpec.uniform(1, 2, "n"), 103.0, restart_s=7.0, movable=False
+    )
+    assert not pinned.context.running[0].movable
+
+
+def test_replan_input_folds_remaining_setup_into_the_pinned_row():
+    prof = _profile()
+    p = TaskProgress(
+        "a",
+        100,
+        state=TaskState.RUNNING,
+        steps_done=0,
+        arrived_s=0.0,
+        placement=Placement("ddp", 2, ("n0",)),
+        estimate_step_time_s=1.2,
+    )
+    p.segments.append(Segment(p.placement, 10.0, setup_s=30.0))
+    inp = build_replan_input(prof, {"a": p}, ClusterSpec.uniform(1, 2, "n"), 20.0, restart_s=30.0, movable=True)
+    row = inp.profile.get("a", "ddp", 2)
+    assert row.runtime_s == pytest.approx(20.0 + 100 * 1.2)
+    assert not inp.context.running[0].movable  # still restarting: not moved again
+
+
+def test_replan_input_empty_when_nothing_is_active():
+    assert (
+        build_replan_input(
+            _profile(), {"c": TaskProgress("c", 50)}, ClusterSpec.uniform(1, 1), 0.0, restart_s=1.0, movable=True
+        )
+        is None
+    )
+
+
+def _plan(makespan, *assignments):
+    return Plan("saturn", makespan, 1.0, 0.0, "feasible", list(assignments))
+
+
+def test_move_accepted_only_when_gain_exceeds_restart_cost():
+    here = Placement("ddp", 2, ("n0",))
+    moved = _plan(60.0, Assignment("a", "ddp", 4, ("n1",), 0.0, 60.0, setup_s=10.0))
+    (d,) = decide_moves({"a": here}, moved, keep_makespan_s=100.0, restart_s=10.0)
+    assert d.move and d.predicted_gain_s == pytest.approx(40.0) and d.target.nodes == ("n1",)
+    (d,) = decide_moves({"a": here}, moved, keep_makespan_s=65.0, restart_s=10.0)
+    assert not d.move and "restart cost" in d.reason
+    kept = _plan(60.0, Assignment("a", "ddp", 2, ("n0",), 0.0, 60.0))
+    assert decide_moves({"a": here}, kept, keep_makespan_s=60.0, restart_s=10.0) == []
+    # Stopped and restarted later on the same nodes is a move too.
+    later = _plan(90.0, Assignment("a", "ddp", 2, ("n0",), 20.0, 90.0, setup_s=10.0))
+    (d,) = decide_moves({"a": here}, later, keep_makespan_s=100.0, restart_s=10.0)
+    assert d.move is False  # gain 10 s does not exceed the 10 s restart
+
+
+def test_policy_registry_and_triggers():
+    names = replan_policy_names()
+    assert {"saturn-static", "saturn-replan", "saturn-periodic", "fifo-whole-node"} <= set(names)
+    assert isinstance(get_replan_policy("saturn-static"), StaticReplan)
+    base = get_replan_policy("optimus-greedy")
+    assert base.name == "optimus-greedy" and not base.allows_moves
+    with pytest.raises(SaturnError, match="unknown policy"):
+        get_replan_policy("nope")
+    with pytest.raises(SaturnError, match="positive"):
+        PeriodicReplan(interval_s=0)
+    off = TaskOffEstimate(time_s=5.0, task="a", measured_step_time_s=2.0, estimate_step_time_s=1.0)
+    assert StaticReplan().wants_replan(off, None, None) is None
+    assert EventReplan().wants_replan(off, None, None)
+    p = TaskProgress("a", 10, state=TaskState.FINISHED)
+    p.segments.append(Segment(Placement("ddp", 1, ("n0",)), 0.0, end_s=100.0))
+    assert EventReplan().wants_replan(TaskFinished(time_s=100.0, task="a"), p, 105.0) is None
+    assert EventReplan().wants_replan(TaskFinished(time_s=100.0, task="a"), p, 150.0)
+    per = PeriodicReplan(interval_s=50.0)
+    assert per.next_tick_s(10.0, 1000.0) == 60.0
+    assert PeriodicReplan().next_tick_s(0.0, 1000.0) == pytest.approx(100.0)
+    assert per.wants_replan(Tick(time_s=60.0), None, None) == "periodic"

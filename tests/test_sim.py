@@ -1,0 +1,214 @@
+"""The simulator: plans valid, realised runs consistent, events handled, seeded and deterministic."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import pytest
+from simdata import moldable_profile
+
+from ray_saturn import ClusterSpec, ProfileTable, SaturnError, validate_plan
+from ray_saturn.sim import (
+    NodeFailure,
+    SimConfig,
+    compare,
+    oracle_lower_bound,
+    parse_arrivals,
+    parse_failures,
+    random_failures,
+    simulate,
+    true_step_times,
+)
+
+POLICIES = [
+    "saturn-static",
+    "saturn-replan",
+    "saturn-periodic",
+    "fifo-whole-node",
+    "fifo-min-gpus",
+    "fifo-fastest",
+    "optimus-greedy",
+    "random",
+]
+
+
+def check_realised(result, profile: ProfileTable, cluster: ClusterSpec, arrivals=None, failures=()):
+    """Independent check of what really ran: capacity per node, arrivals, node downtime, completion."""
+    caps = {n.name: n.gpus for n in cluster.nodes}
+    events = defaultdict(list)
+    down = {f.node: (f.at_s, f.back_s if f.back_s is not None else float("inf")) for f in failures}
+    for rec in result.tasks:
+        assert rec.state == "finished", rec.task
+        assert rec.segments, rec.task
+        prev_end = -1.0
+        for seg in rec.segments:
+            assert seg["end_s"] is not None and seg["end_s"] >= seg["start_s"]
+            assert seg["start_s"] >= prev_end - 1e-6, f"{rec.task} runs twice at once"
+            prev_end = seg["end_s"]
+            assert seg["start_s"] >= (arrivals or {}).get(rec.task, 0.0) - 1e-6, f"{rec.task} before arrival"
+            profile.get(rec.task, seg["strategy"], seg["gpus"], len(seg["nodes"]))
+            per = seg["gpus"] // len(seg["nodes"])
+            for n in seg["nodes"]:
+                if n in down:
+                    a, b = down[n]
+                    assert seg["end_s"] <= a + 1e-6 or seg["start_s"] >= b - 1e-6, f"{rec.task} on {n} while down"
+                events[n] += [(seg["start_s"], 1, per), (seg["end_s"], 0, -per)]
+        assert rec.finish_s == pytest.approx(rec.segments[-1]["end_s"])
+    for n, evs in events.items():
+        used = 0
+        for _, _, q in sorted(evs):
+            used += q
+            assert used <= caps[n], f"node {n} over capacity"
+    assert result.makespan_s == pytest.approx(max(r.finish_s for r in result.tasks))
+    assert 0 < result.utilisation <= 1 + 1e-9
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_plan_of_every_policy_is_valid_and_the_run_is_consistent(seed):
+    profile, cluster = moldable_profile(12, 2, 4, seed=seed)
+    cfg = SimConfig(noise=0.3, seed=seed, restart_s=20.0, solver_time_limit_s=0.3, keep_plans=True)
+    results = compare(profile, cluster, POLICIES, cfg)
+    assert list(results) == POLICIES
+    lb = oracle_lower_bound(profile, cluster, cfg)
+    for name, r in results.items():
+        assert r.plans, name
+        for plan, inp in r.plans:
+            validate_plan(plan, inp.profile, inp.cluster, inp.context)
+        check_realised(r, profile, cluster)
+        assert r.makespan_s >= lb * (1 - 1e-9), name
+        assert set(r.to_dict()) >= {"makespan_s", "mean_completion_s", "utilisation", "moves", "solver_time_s"}
+    assert results["saturn-static"].moves == 0 and results["saturn-static"].replans == 1
+    assert results["saturn-replan"].replans > 1
+
+
+def test_noise_draws_are_seeded_and_policy_independent():
+    profile, _ = moldable_profile(6, 1, 4, seed=3)
+    a = true_step_times(profile, noise=0.2, seed=7)
+    assert a == true_step_times(profile, noise=0.2, seed=7)
+    assert a != true_step_times(profile, noise=0.2, seed=8)
+    exact = true_step_times(profile, noise=0.0, seed=7)
+    assert all(exact[c.key] == c.step_time_s for c in profile if c.feasible)
+    ratios = [a[k] / exact[k] for k in a]
+    assert min(ratios) < 1 < max(ratios)
+
+
+def test_same_seed_same_run():
+    profile, cluster = moldable_profile(10, 2, 4, seed=5)
+    cfg = SimConfig(
+        noise=0.2,
+        seed=3,
+        solver_time_limit_s=0.3,
+        deterministic=True,
+        arrivals=parse_arrivals("poisson:20", profile, seed=3),
+    )
+    for policy in ("saturn-replan", "fifo-whole-node"):
+        r1, r2 = simulate(profile, cluster, policy, cfg), simulate(profile, cluster, policy, cfg)
+        assert r1.to_dict() | {"solver_time_s": 0} == r2.to_dict() | {"solver_time_s": 0}, policy
+        assert [t.segments for t in r1.tasks] == [t.segments for t in r2.tasks], policy
+
+
+def test_arrivals_are_respected_and_planned_online():
+    profile, cluster = moldable_profile(10, 2, 4, seed=2)
+    arrivals = parse_arrivals("poisson:6", profile, seed=1)
+    assert arrivals[profile.tasks[0]] == 0.0 and max(arrivals.values()) > 0
+    cfg = SimConfig(noise=0.2, arrivals=arrivals, solver_time_limit_s=0.3, keep_plans=True)
+    for policy in ("saturn-static", "saturn-replan", "fifo-whole-node"):
+        r = simulate(profile, cluster, policy, cfg)
+        check_realised(r, profile, cluster, arrivals)
+        for _plan, inp in r.plans:
+            # Online: a plan only ever holds tasks that had arrived when it was made.
+            assert all(arrivals[t] <= inp.now_s + 1e-9 for t in inp.tasks)
+        assert r.mean_completion_s > 0
+
+
+def test_node_failure_and_recovery():
+    profile, cluster = moldable_profile(10, 3, 4, seed=4)
+    failures = [NodeFailure("node-1", 500.0, 3000.0), NodeFailure("node-2", 800.0)]
+    cfg = SimConfig(noise=0.1, failures=failures, checkpoint_interval_s=100.0, solver_time_limit_s=0.3, keep_plans=True)
+    for policy in ("saturn-static", "saturn-replan", "fifo-min-gpus"):
+        r = simulate(profile, cluster, policy, cfg)
+        check_realised(r, profile, cluster, failures=failures)
+        lost = [e for e in r.log if e.get("kind") == "node_lost"]
+        assert [e["node"] for e in lost] == ["node-1", "node-2"]
+        assert any(e.get("kind") == "node_added" for e in r.log)
+        after = [inp for _, inp in r.plans if inp.now_s >= 800.0]
+        assert after and all("node-2" not in inp.cluster.names for inp in after)
+        assert r.utilisation <= 1
+
+
+def test_failure_specs_and_bad_inputs():
+    cluster = ClusterSpec.uniform(4, 2)
+    assert parse_failures("node-1@10:20,node-2@5", cluster) == [
+        NodeFailure("node-1", 10.0, 20.0),
+        NodeFailure("node-2", 5.0),
+    ]
+    with pytest.raises(SaturnError, match="NODE@AT"):
+        parse_failures("node-1", cluster)
+    with pytest.raises(SaturnError, match="not in the cluster"):
+        parse_failures("node-9@1", cluster)
+    with pytest.raises(SaturnError, match="not after"):
+        NodeFailure("node-1", 10.0, 5.0)
+    fs = random_failures(cluster, 2, horizon_s=1000.0, recovery_s=100.0, seed=1)
+    assert len({f.node for f in fs}) == 2 and all(f.back_s == f.at_s + 100.0 for f in fs)
+    with pytest.raises(SaturnError, match="node failures"):
+        random_failures(cluster, 4, horizon_s=1.0, recovery_s=None, seed=0)
+    with pytest.raises(SaturnError, match="noise"):
+        SimConfig(noise=-0.1)
+    profile, _ = moldable_profile(2, 1, 2)
+    with pytest.raises(SaturnError, match="poisson"):
+        parse_arrivals("poisson:-1", profile, seed=0)
+    with pytest.raises(SaturnError, match="arrival_s column"):
+        parse_arrivals("profile", profile, seed=0)
+
+
+def test_arrivals_trace_file(tmp_path):
+    profile, _cluster = moldable_profile(3, 1, 2)
+    f = tmp_path / "arr.csv"
+    f.write_text("task,arrival_s\nt0,0\nt1,100\nt2,250.5\n")
+    assert parse_arrivals(str(f), profile, seed=0) == {"t0": 0.0, "t1": 100.0, "t2": 250.5}
+    f.write_text("task,arrival_s\nt0,0\n")
+    with pytest.raises(SaturnError, match="no arrival time"):
+        parse_arrivals(str(f), profile, seed=0)
+
+
+def test_cli_simulate_json_plot_and_errors(tmp_path, capsys):
+    from ray_saturn.cli import main
+
+    profile, _ = moldable_profile(8, 2, 2, seed=1)
+    path = tmp_path / "p.csv"
+    profile.write(path)
+    png = tmp_path / "sim.png"
+    rc = main(
+        [
+            "simulate",
+            str(path),
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "2",
+            "--noise",
+            "0.2",
+            "--seed",
+            "1",
+            "--policies",
+            "saturn-static,saturn-replan,fifo-whole-node",
+            "--solver-time-limit",
+            "0.3",
+            "--json",
+            "--plot",
+            str(png),
+        ]
+    )
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["policies"]) == {"saturn-static", "saturn-replan", "fifo-whole-node"}
+    for v in out["policies"].values():
+        assert {"makespan_s", "mean_completion_s", "utilisation", "moves", "solver_time_s"} <= set(v)
+        assert v["makespan_s"] >= out["lower_bound_s"]
+    assert png.stat().st_size > 10_000
+    rc = main(["simulate", str(path), "--nodes", "2", "--gpus-per-node", "2", "--policies", "nope"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "unknown policy" in err and len(err.strip().splitlines()) == 1
+    rc = main(["simulate", str(path), "--nodes", "2", "--gpus-per-node", "2", "--noise", "-1"])
+    assert rc == 2
