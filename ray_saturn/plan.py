@@ -237,9 +237,7 @@ def validate_plan(
         # Kept in place: same configuration and nodes, continuing at 0 with no set-up. Anything
         # else is a move (also a stop and a later restart on the same nodes), which pays restart_s.
         stays = same_place and abs(a.start_s) <= tol and abs(a.setup_s) <= tol
-        if run is None:
-            expected_setup = 0.0
-        elif stays:
+        if run is None or stays:
             expected_setup = 0.0
         else:
             if not run.movable:

@@ -487,4 +487,4 @@ def oracle_lower_bound(profile: ProfileTable, cluster: ClusterSpec, config: SimC
     true_profile = profile.replace(real)
     arrivals = {t: a for t, a in (config.arrivals or {}).items() if a > 0}
     problem = build_problem(true_profile, cluster, PlanningContext(release_s=arrivals))
-    return lower_bound(problem).value
+    return lower_bound(problem).with_moves  # runs may move tasks between configurations

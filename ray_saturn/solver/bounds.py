@@ -29,7 +29,10 @@ until ``u_n``; ``G = sum_n G_n``.
 
   It catches what the LP's fractional mix hides: one wide, long task that
   must either share the cluster slowly or hold all of it. (Computed when no
-  node is blocked.)
+  node is blocked.) It holds for plans, where each task keeps one option; a
+  run that moves tasks between options mid-way can beat it, so bounds on
+  such runs use :attr:`LowerBound.with_moves` (the best of the other three,
+  which stay valid when a task's work is split between options).
 
 The LP also gives fractional allotments that the heuristic rounds.
 """
@@ -55,6 +58,11 @@ class LowerBound:
     lp: float
     lp_mix: list[np.ndarray] | None = None
     exclusive: float = 0.0
+
+    @property
+    def with_moves(self) -> float:
+        """A bound that also holds when tasks move between options mid-run (checkpoint-restart)."""
+        return max(self.length, self.area, self.lp)
 
     @property
     def binding(self) -> str:
