@@ -1,6 +1,6 @@
 """Charts of simulated runs: GPU utilisation over time and a Gantt chart per policy.
 
-matplotlib is imported lazily (``pip install ray-saturn[plot]``).
+matplotlib (a core dependency) is imported lazily, only when a plot is asked for.
 
 Example:
     >>> plot_results(results, "sim.png")  # doctest: +SKIP
@@ -25,7 +25,7 @@ def _matplotlib():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SaturnError("--plot needs matplotlib; pip install 'ray-saturn[plot]'") from None
+        raise SaturnError("--plot needs matplotlib; pip install matplotlib") from None
     return plt
 
 
