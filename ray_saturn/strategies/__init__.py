@@ -1,0 +1,73 @@
+"""Parallelism strategies: plug-ins registered by name, and the worker-side entry point.
+
+Built-ins: ``single``, ``ddp``, ``ddp-compressed``, ``fsdp``, ``pipeline``,
+``spill`` (one module each). Third parties register a
+:class:`~ray_saturn.strategies.base.Strategy` subclass through the entry-point
+group ``ray_saturn.strategies``.
+
+What the runtime calls inside a Ray Train worker (the torch.distributed
+process group already initialised by Ray Train, or a plain single process).
+These signatures are stable::
+
+    train_worker(task: Task, strategy: str, knobs: Mapping[str, Any], *,
+                 target_step: int, checkpoint_dir: str, checkpoint_every: int,
+                 report: Callable[[dict], None]) -> TrainOutcome
+
+        Resumes from the newest complete checkpoint in ``checkpoint_dir`` if
+        there is one (whatever strategy or worker count wrote it), trains
+        until ``target_step`` optimizer steps have been done in total,
+        checkpoints every ``checkpoint_every`` steps and at the end (a
+        collective; every worker calls it), and on rank 0 calls
+        ``report({"step": int, "loss": float, "step_time_s": float})`` after
+        each step. ``step`` counts steps done in total. Returns a
+        :class:`TrainOutcome` (``final_step``, ``start_step``, ``last_loss``,
+        ``data_position``, ``checkpoint``, ``mean_step_time_s``, ``strategy``,
+        ``world_size``). ``knobs`` are the strategy's knob settings (the
+        profile table's ``knobs`` column, see
+        :func:`ray_saturn.profiler.knobs_for`); ``{}`` means the defaults.
+
+    latest_step(checkpoint_dir: str) -> int | None
+
+        The step of the newest complete checkpoint, or ``None``.
+
+Every worker builds the model after ``torch.manual_seed(hparams.get("seed", 0))``,
+reads the same global batches (see :mod:`ray_saturn.strategies.batching`)
+and picks its device from ``torch.cuda.is_available()``.
+
+Example:
+    >>> from ray_saturn.strategies import strategy_names
+    >>> strategy_names()
+    ['ddp', 'ddp-compressed', 'fsdp', 'pipeline', 'single', 'spill']
+"""
+
+from ray_saturn.checkpoint import latest_step
+from ray_saturn.strategies.base import (
+    Infeasible,
+    KnobError,
+    Runner,
+    SearchResult,
+    Strategy,
+    StrategyError,
+    Trial,
+    WorkerContext,
+)
+from ray_saturn.strategies.registry import ENTRY_POINT_GROUP, get_strategy, register, strategy_names
+from ray_saturn.strategies.worker import TrainOutcome, train_worker
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Infeasible",
+    "KnobError",
+    "Runner",
+    "SearchResult",
+    "Strategy",
+    "StrategyError",
+    "TrainOutcome",
+    "Trial",
+    "WorkerContext",
+    "get_strategy",
+    "latest_step",
+    "register",
+    "strategy_names",
+    "train_worker",
+]

@@ -1,0 +1,56 @@
+"""Looking at a task without training it: its model's structure and its batches.
+
+Example:
+    >>> import torch
+    >>> from ray_saturn import Task
+    >>> t = Task("t", model=lambda hp: torch.nn.Linear(3, 1), data=lambda hp: [(torch.ones(5, 3),)],
+    ...          loss=lambda o, b: o.sum(), optimizer=lambda p, hp: torch.optim.SGD(p, lr=0.1), max_steps=1)
+    >>> type(meta_model(t)).__name__, first_batch_rows(t)
+    ('Linear', 5)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ray_saturn.spec import Task
+from ray_saturn.strategies.batching import batch_rows
+
+__all__ = ["build_model", "first_batch", "first_batch_rows", "meta_model"]
+
+
+def build_model(task: Task) -> torch.nn.Module:
+    """The task's model, built after seeding torch with ``hparams["seed"]`` (default 0).
+
+    Every worker builds the same initial weights this way.
+    """
+    torch.manual_seed(int(task.hparams.get("seed", 0)))
+    model = task.model(task.hparams)
+    if not isinstance(model, torch.nn.Module):
+        from ray_saturn.errors import SpecError
+
+        raise SpecError(
+            f"task {task.name!r}: model factory returned {type(model).__name__}, not a torch.nn.Module"
+        )
+    return model
+
+
+def meta_model(task: Task) -> torch.nn.Module:
+    """The model built on the meta device (no memory); built for real if that fails."""
+    try:
+        with torch.device("meta"):
+            return build_model(task)
+    except Exception:
+        return build_model(task)
+
+
+def first_batch(task: Task):
+    for batch in task.data(task.hparams):
+        return batch
+    from ray_saturn.errors import SpecError
+
+    raise SpecError(f"task {task.name!r}: the data factory returned no batches")
+
+
+def first_batch_rows(task: Task) -> int:
+    return batch_rows(first_batch(task))

@@ -1,0 +1,143 @@
+"""The worker-side training entry point the runtime calls (see ``ray_saturn.strategies``)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ray_saturn.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from ray_saturn.errors import SpecError
+from ray_saturn.spec import Task
+from ray_saturn.strategies.base import StrategyError, WorkerContext
+from ray_saturn.strategies.batching import DataStream
+from ray_saturn.strategies.introspect import build_model
+from ray_saturn.strategies.registry import get_strategy
+
+__all__ = ["TrainOutcome", "train_worker"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    """What :func:`train_worker` did.
+
+    ``final_step``: optimizer steps done in total (= target_step);
+    ``start_step``: where it resumed (0 when it started fresh);
+    ``last_loss``: loss of the last step trained (``None`` if none was);
+    ``data_position``: global batches consumed; ``checkpoint``: folder of the
+    last checkpoint written; ``mean_step_time_s``: mean over the steps trained.
+    """
+
+    final_step: int
+    start_step: int
+    last_loss: float | None
+    data_position: int
+    checkpoint: str | None
+    mean_step_time_s: float | None
+    strategy: str
+    world_size: int
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_worker(
+    task: Task,
+    strategy: str,
+    knobs: Mapping[str, Any],
+    *,
+    target_step: int,
+    checkpoint_dir: str,
+    checkpoint_every: int,
+    report: Callable[[dict], None],
+) -> TrainOutcome:
+    """Train ``task`` with ``strategy`` on this worker until ``target_step`` (see the package docstring).
+
+    Example:
+        >>> import tempfile, torch
+        >>> from ray_saturn import Task
+        >>> task = Task("lin", model=lambda hp: torch.nn.Linear(2, 1),
+        ...             data=lambda hp: [(torch.ones(4, 2), torch.zeros(4, 1))],
+        ...             loss=lambda out, b: torch.nn.functional.mse_loss(out, b[1]),
+        ...             optimizer=lambda p, hp: torch.optim.SGD(p, lr=0.1), max_steps=4)
+        >>> d = tempfile.mkdtemp()
+        >>> train_worker(task, "single", {}, target_step=4, checkpoint_dir=d,
+        ...              checkpoint_every=2, report=lambda r: None).final_step
+        4
+    """
+    if isinstance(target_step, bool) or int(target_step) < 0:
+        raise SpecError(f"target_step is {target_step!r}; give a step count >= 0")
+    if isinstance(checkpoint_every, bool) or int(checkpoint_every) < 1:
+        raise SpecError(f"checkpoint_every is {checkpoint_every!r}; give a whole number >= 1")
+    ctx = WorkerContext.current()
+    strat = get_strategy(strategy)
+    knobs = strat.check_knobs(knobs)
+    reason = strat.applies(task, ctx.world_size) or strat.hardware_reason(knobs, ctx.device)
+    if reason:
+        raise StrategyError(f"task {task.name!r}: {reason}")
+
+    runner = strat.prepare(build_model(task), task, knobs, ctx)
+    try:
+        start, position, ckpt = 0, 0, None
+        latest = latest_checkpoint(checkpoint_dir)
+        if latest is not None:
+            meta = load_checkpoint(latest, runner.module, runner.optimizer, checkpoint_dir)
+            start, position, ckpt = meta.step, meta.data_position, str(latest)
+            log.info(
+                "task %s resumes from step %d (written by %s on %d worker(s))",
+                task.name,
+                start,
+                meta.strategy,
+                meta.world_size,
+            )
+        if start > target_step:
+            raise SpecError(
+                f"task {task.name!r}: checkpoint {latest} is at step {start}, past target_step {target_step}"
+            )
+        stream = DataStream(task.data, task.hparams, position)
+        loss: float | None = None
+        times: list[float] = []
+        for step in range(start, target_step):
+            batch = next(stream)
+            _sync(ctx.device)
+            t0 = time.perf_counter()
+            loss = runner.step(batch)
+            _sync(ctx.device)
+            dt = time.perf_counter() - t0
+            times.append(dt)
+            done = step + 1
+            if ctx.rank == 0:
+                report({"step": done, "loss": loss, "step_time_s": dt})
+            if done % checkpoint_every == 0 or done == target_step:
+                ckpt = str(
+                    save_checkpoint(
+                        checkpoint_dir,
+                        runner.module,
+                        runner.optimizer,
+                        step=done,
+                        data_position=stream.position,
+                        strategy=strat.name,
+                        task=task.name,
+                        loss=loss,
+                    )
+                )
+        return TrainOutcome(
+            target_step,
+            start,
+            loss,
+            stream.position,
+            ckpt,
+            sum(times) / len(times) if times else None,
+            strat.name,
+            ctx.world_size,
+        )
+    finally:
+        runner.close()
