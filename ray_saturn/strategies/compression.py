@@ -20,7 +20,7 @@ Example:
     True
 """
 
-from __future__ import annotations
+# No "from __future__ import annotations": DDP checks the hook's annotations at runtime.
 
 from dataclasses import dataclass
 
@@ -131,7 +131,7 @@ class QuantHookState:
 
 def quantized_allreduce_hook(
     state: QuantHookState, bucket: dist.GradBucket
-) -> torch.futures.Future:
+) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: average a gradient bucket exchanged as quantised codes.
 
     Register with ``ddp.register_comm_hook(QuantHookState(8, 512), quantized_allreduce_hook)``.

@@ -171,8 +171,7 @@ class Pipeline(Strategy):
             return task.loss(output, rows)
 
         mb = int(knobs["microbatches"])
-        schedule = ScheduleGPipe(
-            stage, n_microbatches=mb, loss_fn=loss_fn if ctx.rank == ctx.world_size - 1 else None
-        )
+        # every stage gets the loss function: without it a schedule runs forward only
+        schedule = ScheduleGPipe(stage, n_microbatches=mb, loss_fn=loss_fn)
         optimizer = task.optimizer(stage_module.parameters(), task.hparams)
         return _PipelineRunner(stage_module, schedule, optimizer, holder, ctx)

@@ -1,0 +1,138 @@
+"""Every exact strategy on 2 gloo workers trains like one process; checkpoints move between them."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from dist_helpers import run_workers
+from ray_saturn.checkpoint import latest_checkpoint, load_checkpoint
+from ray_saturn.strategies import WorkerContext, get_strategy, train_worker
+from ray_saturn.strategies.introspect import build_model
+from ray_saturn.toy import mlp_task
+
+STEPS = 8
+TASK = dict(name="mlp", lr=0.01, depth=4, width=32, batch_size=16, batches=5)
+EXACT_2 = {
+    "ddp": {},
+    "fsdp": {},
+    "fsdp-ac": {"activation_checkpointing": True, "reshard_after_forward": False},
+    "pipeline": {"microbatches": 4, "split": "layers"},
+    "pipeline-params": {"microbatches": 1, "split": [3]},
+}
+COMPRESSED = {
+    "q8": {"method": "quantize", "bits": 8},
+    "q4": {"method": "quantize", "bits": 4},
+    "psgd": {"method": "powersgd", "rank": 1},
+}
+LONG = 80
+
+
+def task(**kw):
+    return mlp_task(**{**TASK, **kw})
+
+
+def train(strategy, knobs, root, name, target, t=None, every=None):
+    losses: list[float] = []
+    train_worker(
+        t or task(), strategy, knobs, target_step=target,
+        checkpoint_dir=os.path.join(root, name), checkpoint_every=every or target,
+        report=lambda r: losses.append(r["loss"]),
+    )
+    return losses
+
+
+def job_a(rank, root):
+    out = {}
+    for name, knobs in EXACT_2.items():
+        out[name] = train(name.split("-")[0], knobs, root, name, STEPS)
+    out["chain-fsdp"] = train("fsdp", {}, root, "chain", 3)
+    long = task(batches=8, max_steps=LONG)
+    out["long-ddp"] = train("ddp", {}, root, "long-ddp", LONG, long)
+    for name, knobs in COMPRESSED.items():
+        out[f"long-{name}"] = train("ddp-compressed", knobs, root, f"long-{name}", LONG, long)
+    return out
+
+
+def job_b(rank, root):
+    return {
+        "chain-pipeline": train("pipeline", {"microbatches": 2}, root, "chain", 9),
+        "chain-ddp": train("ddp", {}, root, "chain", 12),
+    }
+
+
+def weights(root, name, t=None):
+    """Final weights of a run, read back into a plain one-process model (any writer layout)."""
+    t = t or task()
+    runner = get_strategy("single").prepare(build_model(t), t, {}, WorkerContext(0, 1, torch.device("cpu")))
+    path = os.path.join(root, name)
+    load_checkpoint(latest_checkpoint(path), runner.module, runner.optimizer, path)
+    return {k: v.clone() for k, v in runner.module.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("strategies"))
+    ref = {"single": train("single", {}, root, "single", STEPS)}
+    ref["long-single"] = train("single", {}, root, "long-single", LONG, task(batches=8, max_steps=LONG))
+    ref["chain-single"] = train("single", {}, root, "chain-ref", 12)
+    a = run_workers(job_a, 2, root)
+    ref.update(a[0])
+    assert a[1] == {k: [] for k in a[0]}, "only rank 0 reports"
+    ref["chain-spill"] = train("spill", {"shards": 3}, root, "chain", 6)
+    ref.update(run_workers(job_b, 2, root)[0])
+    return root, ref
+
+
+def assert_same_weights(a, b, atol=1e-5):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=1e-4, msg=f"parameter {k}")
+
+
+@pytest.mark.parametrize("name", list(EXACT_2))
+def test_exact_strategy_matches_one_process(runs, name):
+    root, r = runs
+    assert len(r[name]) == STEPS
+    torch.testing.assert_close(torch.tensor(r[name]), torch.tensor(r["single"]), rtol=1e-4, atol=1e-6)
+    assert_same_weights(weights(root, name), weights(root, "single"))
+
+
+def test_spill_matches_one_process(tmp_path):
+    ref = train("single", {}, str(tmp_path), "single", STEPS)
+    for shards in (1, 2, 7):
+        got = train("spill", {"shards": shards}, str(tmp_path), f"spill{shards}", STEPS)
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-5, atol=1e-7)
+        assert_same_weights(weights(str(tmp_path), f"spill{shards}"), weights(str(tmp_path), "single"))
+
+
+def test_reference_really_trains(runs):
+    _, r = runs
+    assert r["long-single"][-1] < 0.5 * r["long-single"][0]
+
+
+def test_switch_strategy_and_worker_count_mid_training(runs):
+    """fsdp on 2 -> spill on 1 -> pipeline on 2 -> ddp on 2 equals uninterrupted single training."""
+    root, r = runs
+    chain = r["chain-fsdp"] + r["chain-spill"] + r["chain-pipeline"] + r["chain-ddp"]
+    assert len(chain) == 12
+    torch.testing.assert_close(torch.tensor(chain), torch.tensor(r["chain-single"]), rtol=1e-4, atol=1e-6)
+    assert_same_weights(weights(root, "chain"), weights(root, "chain-ref"))
+
+
+#: ddp-compressed's stated margin: mean loss of the last 10 steps within 25% (+0.01) of exact DDP's.
+MARGIN_REL, MARGIN_ABS = 0.25, 0.01
+
+
+@pytest.mark.parametrize("name", list(COMPRESSED))
+def test_compressed_ddp_converges_within_margin(runs, name):
+    _, r = runs
+    exact, got = r["long-ddp"], r[f"long-{name}"]
+    torch.testing.assert_close(torch.tensor(exact), torch.tensor(r["long-single"]), rtol=1e-4, atol=1e-6)
+    tail_exact = sum(exact[-10:]) / 10
+    tail = sum(got[-10:]) / 10
+    assert tail < 0.5 * got[0], f"{name} did not train: {got[0]:.4f} -> {tail:.4f}"
+    assert tail <= tail_exact * (1 + MARGIN_REL) + MARGIN_ABS, f"{name}: {tail:.4f} vs exact {tail_exact:.4f}"
+    assert got != exact, "compression changed nothing; is the hook installed?"
