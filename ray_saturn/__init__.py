@@ -17,6 +17,7 @@ from ray_saturn.context import PlanningContext, RunningTask
 from ray_saturn.errors import InfeasibleError, PlanError, ProfileError, SaturnError, SpecError
 from ray_saturn.plan import Assignment, Plan, validate_plan
 from ray_saturn.profile_table import Config, ProfileTable
+from ray_saturn.profiler import profile
 from ray_saturn.solver import policy_names
 from ray_saturn.solver import solve as plan
 from ray_saturn.spec import ClusterSpec, NodeSpec, Task
@@ -39,6 +40,7 @@ __all__ = [
     "SpecError",
     "Task",
     "plan",
+    "profile",
     "policy_names",
     "validate_plan",
 ]

@@ -86,6 +86,9 @@ class _Faulty(nn.Module):
         self.mode = mode
         self.lin = nn.Linear(16, 1)
 
+    def extra_repr(self) -> str:
+        return f"mode={self.mode}"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "raise":
             raise RuntimeError("toy model failure")

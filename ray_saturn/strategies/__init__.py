@@ -40,34 +40,37 @@ Example:
     ['ddp', 'ddp-compressed', 'fsdp', 'pipeline', 'single', 'spill']
 """
 
-from ray_saturn.checkpoint import latest_step
-from ray_saturn.strategies.base import (
-    Infeasible,
-    KnobError,
-    Runner,
-    SearchResult,
-    Strategy,
-    StrategyError,
-    Trial,
-    WorkerContext,
-)
-from ray_saturn.strategies.registry import ENTRY_POINT_GROUP, get_strategy, register, strategy_names
-from ray_saturn.strategies.worker import TrainOutcome, train_worker
+# Names resolve on first use (PEP 562), so ``import ray_saturn`` does not import torch.
+_EXPORTS = {
+    "latest_step": "ray_saturn.checkpoint",
+    "Infeasible": "ray_saturn.strategies.base",
+    "KnobError": "ray_saturn.strategies.base",
+    "Runner": "ray_saturn.strategies.base",
+    "SearchResult": "ray_saturn.strategies.base",
+    "Strategy": "ray_saturn.strategies.base",
+    "StrategyError": "ray_saturn.strategies.base",
+    "Trial": "ray_saturn.strategies.base",
+    "WorkerContext": "ray_saturn.strategies.base",
+    "ENTRY_POINT_GROUP": "ray_saturn.strategies.registry",
+    "get_strategy": "ray_saturn.strategies.registry",
+    "register": "ray_saturn.strategies.registry",
+    "strategy_names": "ray_saturn.strategies.registry",
+    "TrainOutcome": "ray_saturn.strategies.worker",
+    "train_worker": "ray_saturn.strategies.worker",
+}
 
-__all__ = [
-    "ENTRY_POINT_GROUP",
-    "Infeasible",
-    "KnobError",
-    "Runner",
-    "SearchResult",
-    "Strategy",
-    "StrategyError",
-    "TrainOutcome",
-    "Trial",
-    "WorkerContext",
-    "get_strategy",
-    "latest_step",
-    "register",
-    "strategy_names",
-    "train_worker",
-]
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        import importlib
+
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'ray_saturn.strategies' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -18,10 +18,13 @@ Example:
     >>> from torch import nn
     >>> stage_bounds(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)), 2, "layers")
     [0, 2, 3]
+    >>> stage_bounds(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.Linear(4, 4)), 3, "params")
+    [0, 2, 3, 4]
 """
 
 from __future__ import annotations
 
+import itertools
 import itertools
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -39,38 +42,49 @@ __all__ = ["Pipeline", "stage_bounds"]
 
 
 def stage_bounds(model: nn.Sequential, stages: int, split: Any) -> list[int]:
-    """Child index bounds ``[0, b1, ..., n]`` of ``stages`` stages of a sequential model."""
+    """Child index bounds ``[0, b1, ..., n]`` of ``stages`` stages of a sequential model.
+
+    Every stage starts at a child that holds parameters (so every stage has
+    some to train); parameter-free children (activations) stay with the stage
+    before them.
+    """
     n = len(model)
-    if stages > n:
-        raise KnobError(
-            f"pipeline: {stages} stages need at least {stages} layers; the model has {n}"
-        )
+    has_params = [any(True for _ in child.parameters()) for child in model]
+    starts = [i for i in range(1, n) if has_params[i]]
     if isinstance(split, (list, tuple)):
         bounds = [0, *(int(b) for b in split), n]
-        if len(bounds) != stages + 1 or any(
-            b >= c for b, c in itertools.pairwise(bounds)
-        ):
+        if len(bounds) != stages + 1 or any(b >= c for b, c in itertools.pairwise(bounds)):
             raise KnobError(
-                f"pipeline: split {list(split)} must be {stages - 1} increasing child indices in 1..{n - 1}"
+                f"pipeline: split {list(split)} must be {stages - 1} increasing "
+                f"child indices in 1..{n - 1}"
             )
-        return bounds
-    if split == "layers":
-        weights = [1] * n
-    elif split == "params":
-        weights = [sum(p.numel() for p in child.parameters()) for child in model]
+    elif split in ("layers", "params"):
+        if len(starts) < stages - 1:
+            raise KnobError(
+                f"pipeline: {stages} stages need {stages} layers with parameters; "
+                f"the model has {len(starts) + int(has_params[0]) if n else 0}"
+            )
+        if split == "layers":
+            weights = [1] * n
+        else:
+            weights = [sum(p.numel() for p in child.parameters()) for child in model]
+        total = sum(weights) or 1
+        cum = list(itertools.accumulate(weights))
+        bounds = [0]
+        for k in range(1, stages):
+            # the first allowed start at or after stage k's share, leaving one start per later stage
+            allowed = [b for b in starts if b > bounds[-1]][: len(starts)]
+            allowed = allowed[: len(allowed) - (stages - 1 - k)]
+            target = total * k / stages
+            bounds.append(min(allowed, key=lambda b: abs(cum[b - 1] - target)))
+        bounds.append(n)
     else:
         raise KnobError(
             f"pipeline: split is {split!r}; use 'params', 'layers' or a list of child indices"
         )
-    total = sum(weights) or 1
-    cum = [sum(weights[: i + 1]) for i in range(n)]
-    bounds = [0]
-    for k in range(1, stages):
-        # the first child index after which stage k's share is reached, leaving one child per later stage
-        lo, hi = bounds[-1] + 1, n - (stages - k)
-        b = next((i + 1 for i in range(n) if cum[i] >= total * k / stages), hi)
-        bounds.append(min(max(b, lo), hi))
-    bounds.append(n)
+    for a, b in itertools.pairwise(bounds):
+        if not any(has_params[a:b]):
+            raise KnobError(f"pipeline: stage of children {a}..{b - 1} has no parameters; split elsewhere")
     return bounds
 
 
@@ -138,15 +152,21 @@ class Pipeline(Strategy):
         return k
 
     def knob_space(self, task: Task, gpus: int) -> Sequence[Mapping[str, Any]]:
-        from ray_saturn.strategies.introspect import first_batch_rows
+        from ray_saturn.strategies.introspect import first_batch_rows, meta_model
 
         rows = task.batch_size or first_batch_rows(task)
+        model = meta_model(task)
+        splits, seen = [], set()
+        for split in ("params", "layers"):  # the two rules often agree; measure each split once
+            try:
+                bounds = tuple(stage_bounds(model, gpus, split))
+            except KnobError:
+                continue
+            if bounds not in seen:
+                seen.add(bounds)
+                splits.append(split)
         mbs = [m for m in (1, 2, 4, 8) if rows % m == 0] or [1]
-        return [
-            self.check_knobs({"microbatches": m, "split": s})
-            for m in mbs
-            for s in ("params", "layers")
-        ]
+        return [self.check_knobs({"microbatches": m, "split": s}) for m in mbs for s in splits]
 
     def prepare(
         self, model: nn.Module, task: Task, knobs: Mapping[str, Any], ctx: WorkerContext

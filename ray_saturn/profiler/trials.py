@@ -1,0 +1,141 @@
+"""One profiling trial as Ray work: a placement group sized to the trial, one actor per GPU.
+
+The actors form a torch.distributed group (gloo on CPU, NCCL on CUDA) and
+run :meth:`Strategy.search` together; rank 0's result is the trial's. The
+placement group holds ``gpus`` GPU bundles: packed on one node, or split
+evenly over ``nodes`` nodes (one bundle per node, ``STRICT_SPREAD``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray_saturn.spec import Task
+from ray_saturn.strategies.base import Infeasible, SearchResult
+
+__all__ = ["RunningTrial", "TrialSpec", "launch"]
+
+log = logging.getLogger(__name__)
+
+
+class _TrialWorker:
+    """A Ray actor holding one GPU of a trial."""
+
+    def endpoint(self) -> tuple[str, int]:
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def search(self, task: Task, strategy: str, rank: int, world: int, addr: str, port: int,
+               measure_kw: dict[str, Any], timeout_s: float) -> SearchResult | Infeasible:
+        from datetime import timedelta
+
+        import torch
+        import torch.distributed as dist
+
+        from ray_saturn.strategies import WorkerContext, get_strategy
+        from ray_saturn.strategies.measure import _describe
+
+        os.environ.setdefault("LOCAL_RANK", "0")
+        if world > 1:
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
+                                    world_size=world, timeout=timedelta(seconds=timeout_s))
+        try:
+            return get_strategy(strategy).search(task, WorkerContext.current(), **measure_kw)
+        except Exception as exc:  # noqa: BLE001 - any failure is an infeasible trial
+            return Infeasible(strategy, world, _describe(exc))
+        finally:
+            if world > 1 and dist.is_initialized():
+                dist.destroy_process_group()
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """What one trial measures."""
+
+    task: Task
+    signature: str
+    strategy: str
+    gpus: int
+    nodes: int
+    measure_kw: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunningTrial:
+    """A launched trial: its placement group, actors and result reference."""
+
+    spec: TrialSpec
+    pg: Any
+    ready_ref: Any
+    created_s: float
+    actors: list[Any] = field(default_factory=list)
+    result_ref: Any = None
+    started_s: float | None = None
+
+    def start(self, timeout_s: float, startup_timeout_s: float = 300.0) -> None:
+        """Create the actors in the (ready) placement group and start the search."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        spec = self.spec
+        # one 1-GPU bundle per worker on one node; one (gpus/nodes)-GPU bundle per node otherwise
+        per_bundle = 1 if spec.nodes == 1 else spec.gpus // spec.nodes
+        cls = ray.remote(num_cpus=0, num_gpus=1, max_restarts=0)(_TrialWorker)
+        self.actors = [
+            cls.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.pg, placement_group_bundle_index=rank // per_bundle
+                ),
+                name=None,
+            ).remote()
+            for rank in range(spec.gpus)
+        ]
+        # every worker process is up before the rendezvous (and before the trial's clock starts)
+        endpoints = ray.get([a.endpoint.remote() for a in self.actors], timeout=startup_timeout_s)
+        addr, port = endpoints[0]
+        refs = [
+            a.search.remote(spec.task, spec.strategy, rank, spec.gpus, addr, port, spec.measure_kw, timeout_s)
+            for rank, a in enumerate(self.actors)
+        ]
+        self.result_ref = refs[0]
+        self.started_s = time.monotonic()
+
+    def release(self) -> None:
+        """Kill the actors and remove the placement group."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for a in self.actors:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+        try:
+            remove_placement_group(self.pg)
+        except Exception:  # noqa: BLE001 - already removed
+            pass
+
+    def gpu_seconds(self) -> float:
+        return self.spec.gpus * (time.monotonic() - self.created_s)
+
+
+def launch(spec: TrialSpec) -> RunningTrial:
+    """Ask Ray for the trial's placement group (the actors start once it is ready)."""
+    from ray.util.placement_group import placement_group
+
+    per = spec.gpus // spec.nodes
+    if spec.nodes == 1:
+        pg = placement_group([{"GPU": 1}] * spec.gpus, strategy="STRICT_PACK")
+    else:
+        pg = placement_group([{"GPU": per}] * spec.nodes, strategy="STRICT_SPREAD")
+    return RunningTrial(spec, pg, pg.ready(), time.monotonic())
