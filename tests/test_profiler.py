@@ -1,0 +1,186 @@
+"""The profiler runs for real on a local Ray with logical GPUs (gloo, small models)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import ray_saturn
+from ray_saturn.errors import InfeasibleError, ProfileError, SaturnError
+from ray_saturn.profile_table import ProfileTable
+from ray_saturn.profiler import Profiler, _Chain, gpu_ladder, knobs_for
+from ray_saturn.profiler.store import StoredTrial
+from ray_saturn.spec import ClusterSpec
+from ray_saturn.strategies import strategy_names
+from ray_saturn.toy import faulty_task, mlp_task
+
+ray = pytest.importorskip("ray")
+
+CLUSTER = ClusterSpec.uniform(1, 2)
+FAST = {"warmup": 1, "steps": 2}
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    root = str(Path(ray_saturn.__file__).resolve().parents[1])
+    ray.init(address="local", num_gpus=2, num_cpus=2, include_dashboard=False,
+             runtime_env={"env_vars": {"PYTHONPATH": root}})
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def sweep(ray_local, tmp_path_factory):
+    store = str(tmp_path_factory.mktemp("store") / "store.parquet")
+    tasks = [
+        mlp_task("a-lr0.1", lr=0.1, seed=1, max_steps=500),
+        mlp_task("a-lr0.01", lr=0.01, seed=2, max_steps=700),
+        mlp_task("b-wide", width=64, max_steps=300),
+    ]
+    result = Profiler(CLUSTER, strategies=["single", "ddp", "pipeline"], store=store, **FAST).run(tasks)
+    return tasks, store, result
+
+
+@pytest.mark.ray
+def test_profile_table_passes_validation_and_the_planner(sweep, tmp_path):
+    tasks, _, result = sweep
+    table = result.table
+    path = table.write(tmp_path / "profile.parquet")
+    again = ProfileTable.read(path)
+    again.check_strategies(strategy_names())
+    again.check_feasible()
+    assert set(again.tasks) == {t.name for t in tasks}
+    for t in tasks:
+        rows = {(c.strategy, c.gpus): c for c in again.configs(t.name)}
+        assert set(rows) == {("single", 1), ("ddp", 2), ("pipeline", 2)}
+        assert all(c.feasible and c.step_time_s > 0 and c.peak_mem_gb >= 0 for c in rows.values())
+        assert all(c.steps == t.total_steps for c in rows.values())
+    plan = ray_saturn.plan(again, CLUSTER)
+    ray_saturn.validate_plan(plan, again, CLUSTER)
+    assert {a.task for a in plan.assignments} == {t.name for t in tasks}
+
+
+@pytest.mark.ray
+def test_tasks_differing_only_in_lr_and_seed_are_measured_once(sweep):
+    _, _, result = sweep
+    assert result.trials_run == 6  # 2 signatures x (single@1, ddp@2, pipeline@2)
+    a = {(c.strategy, c.gpus): c.step_time_s for c in result.table.configs("a-lr0.1")}
+    b = {(c.strategy, c.gpus): c.step_time_s for c in result.table.configs("a-lr0.01")}
+    assert a == b
+    sig = result.table.to_arrow().column("signature").to_pylist()
+    assert len(set(sig)) == 2
+
+
+@pytest.mark.ray
+def test_profiler_reports_its_cost_next_to_the_workload(sweep):
+    _, _, result = sweep
+    assert result.cost_gpu_s > 0 and result.workload_gpu_s > 0
+    assert result.cost_ratio == pytest.approx(result.cost_gpu_s / result.workload_gpu_s)
+    assert "GPU-s" in result.summary() and "% of the workload" in result.summary()
+    knobs = knobs_for(result.table, "b-wide", "pipeline", 2)
+    assert set(knobs) == {"microbatches", "split"}
+
+
+@pytest.mark.ray
+def test_store_makes_a_second_run_free(sweep):
+    tasks, store, first = sweep
+    again = Profiler(CLUSTER, strategies=["single", "ddp", "pipeline"], store=store, **FAST).run(tasks[:2])
+    assert again.trials_run == 0 and again.trials_cached == 3 and again.cost_gpu_s == 0
+    assert [c.step_time_s for c in again.table.configs("a-lr0.1")] == [
+        c.step_time_s for c in first.table.configs("a-lr0.1")]
+
+
+@pytest.mark.ray
+def test_failures_and_hangs_become_infeasible_rows(ray_local):
+    tasks = [faulty_task("raises", "raise"), faulty_task("ooms", "oom"), faulty_task("hangs", "hang"),
+             mlp_task("fine")]
+    result = Profiler(CLUSTER, strategies=["single"], trial_timeout_s=20, **FAST).run(tasks)
+    t = result.table
+    reasons = {name: t.get(name, "single", 1).reason or "" for name in ("raises", "ooms", "hangs")}
+    assert not any(t.get(name, "single", 1).feasible for name in reasons)
+    assert "RuntimeError: toy model failure" in reasons["raises"]
+    assert "out of memory" in reasons["ooms"]
+    assert "hung" in reasons["hangs"] and "killed" in reasons["hangs"]
+    assert t.get("fine", "single", 1).feasible
+    with pytest.raises(InfeasibleError, match="raises"):
+        ray_saturn.plan(t, CLUSTER)
+
+
+@pytest.mark.ray
+def test_memory_limit_makes_a_configuration_infeasible(ray_local):
+    result = Profiler(CLUSTER, strategies=["single"], memory_limit_gb=1e-9, **FAST).run([mlp_task("m")])
+    row = result.table.get("m", "single", 1)
+    assert not row.feasible and "exceeds the 1e-09 GB per GPU" in row.reason
+
+
+@pytest.mark.ray
+def test_cli_profile(ray_local, tmp_path, capsys):
+    from ray_saturn.cli import main
+
+    tasks_file = tmp_path / "tasks.py"
+    tasks_file.write_text(
+        "from ray_saturn.toy import mlp_task\n"
+        "tasks = [mlp_task('x', lr=0.1), mlp_task('y', lr=0.2)]\n"
+    )
+    out = tmp_path / "p.csv"
+    rc = main(["profile", str(tasks_file), "-o", str(out), "--nodes", "1", "--gpus-per-node", "1",
+               "--strategies", "single", "--warmup", "1", "--steps", "2", "--json"])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["trials_run"] == 1 and report["rows"] == 2 and report["profile_gpu_s"] > 0
+    assert ProfileTable.read(out).tasks == ["x", "y"]
+
+
+def test_cli_profile_bad_tasks_file(tmp_path, capsys):
+    from ray_saturn.cli import main
+
+    f = tmp_path / "t.py"
+    f.write_text("tasks = 3\n")
+    assert main(["profile", str(f), "-o", str(tmp_path / "o.csv"), "--num-gpus", "1"]) == 2
+    assert "define `tasks`" in capsys.readouterr().err
+
+
+def test_profile_needs_ray(monkeypatch):
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    with pytest.raises(SaturnError, match=r"ray.init\(\)"):
+        ray_saturn.profile([mlp_task()], CLUSTER)
+
+
+def test_gpu_ladder_and_stop_rule():
+    assert gpu_ladder(ClusterSpec.uniform(1, 8)) == [(1, 1), (2, 1), (4, 1), (8, 1)]
+    assert gpu_ladder(ClusterSpec.uniform(3, 2)) == [(1, 1), (2, 1), (4, 2), (6, 3)]
+    chain = _Chain(mlp_task(), "s", "ddp", [(1, 1), (2, 1), (4, 1), (8, 1)])
+
+    def trial(g, t, reason=None):
+        return StoredTrial("s", "ddp", g, 1, t, reason is None, None, reason, "{}", 1.0)
+
+    chain.advance(trial(1, 1.0), 0.05)
+    chain.advance(trial(2, 0.6), 0.05)
+    assert chain.next() == (4, 1)
+    chain.advance(trial(4, 0.59), 0.05)  # under 5% better: stop growing
+    assert chain.next() is None
+    oom = _Chain(mlp_task(), "s", "fsdp", [(1, 1), (2, 1), (4, 1)])
+    oom.advance(trial(1, None, "no knob setting ran: out of memory: CUDA out of memory"), 0.05)
+    assert oom.next() == (2, 1)  # more GPUs may fit
+    broken = _Chain(mlp_task(), "s", "ddp", [(1, 1), (2, 1)])
+    broken.advance(trial(1, None, "RuntimeError: bug"), 0.05)
+    assert broken.next() is None  # more GPUs will not fix a bug
+
+
+def test_knobs_for_missing_row():
+    t = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 2, "step_time_s": 1.0, "steps": 1,
+                                 "knobs": "{}"}])
+    with pytest.raises(ProfileError, match="no row"):
+        knobs_for(t, "a", "ddp", 4)
+
+
+def test_profiler_option_errors():
+    with pytest.raises(SaturnError, match="min_improvement"):
+        Profiler(CLUSTER, min_improvement=1.5)
+    with pytest.raises(SaturnError, match="not registered"):
+        Profiler(CLUSTER, strategies=["nope"])
