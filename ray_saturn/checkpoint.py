@@ -324,6 +324,7 @@ def load_checkpoint(
     pipeline stage, another worker count): each worker reads what it holds.
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     path = Path(path)
@@ -338,6 +339,7 @@ def load_checkpoint(
         raise CheckpointError(
             f"{path}: checkpoint format {meta.format}, this ray_saturn reads format {FORMAT}"
         )
+    _safe_reader(path).read_metadata()  # refuse foreign pickles before DCP wraps the error
     model_sd, optim_sd = _state(module, optimizer)
     target = {"model": _tensors_only(model_sd), "optim": _tensors_only(optim_sd)}
     try:
@@ -346,10 +348,11 @@ def load_checkpoint(
             dcp.load(target, storage_reader=_safe_reader(path))
     except CheckpointError:
         raise
-    except Exception as exc:
-        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP raises many kinds
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        cause = lines[-1][:300] if lines else type(exc).__name__  # the innermost error
         raise CheckpointError(
-            f"{path} does not fit this model/optimizer ({first}); was it written by another task?"
+            f"{path} does not fit this model/optimizer ({cause}); was it written by another task?"
         ) from None
     model_sd.update(target["model"])
     optim_sd.update(target["optim"])
