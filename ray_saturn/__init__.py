@@ -40,7 +40,7 @@ __all__ = [
     "SpecError",
     "Task",
     "plan",
-    "profile",
     "policy_names",
+    "profile",
     "validate_plan",
 ]

@@ -332,7 +332,8 @@ def load_checkpoint(
         path = _inside(path, _root(checkpoint_dir))
     if not (path / _META).is_file():
         raise CheckpointError(
-            f"{path} is not a complete checkpoint (no {_META}); pick one listed by latest_checkpoint"
+            f"{path} is not a complete checkpoint (no {_META}); "
+            "pick one that latest_checkpoint lists"
         )
     meta = read_meta(path)
     if meta.format != FORMAT:
@@ -348,7 +349,7 @@ def load_checkpoint(
             dcp.load(target, storage_reader=_safe_reader(path))
     except CheckpointError:
         raise
-    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP raises many kinds
+    except (Exception, CheckpointException) as exc:
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         cause = lines[-1][:300] if lines else type(exc).__name__  # the innermost error
         raise CheckpointError(

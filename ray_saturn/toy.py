@@ -65,7 +65,10 @@ def mlp_task(
     max_steps: int = 100,
     optimizer: str = "adam",
 ) -> Task:
-    """A ``depth``-layer tanh MLP regressing a fixed random function; data is the same for every lr/seed."""
+    """A ``depth``-layer tanh MLP regressing a fixed random function.
+
+    The data is the same for every lr and seed.
+    """
     return Task(
         name=name,
         model=functools.partial(_mlp, features=features, width=width, depth=depth),

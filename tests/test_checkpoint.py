@@ -29,13 +29,22 @@ ROOT = str(Path(__file__).resolve().parents[1])
 
 def losses_of(task, strategy, d, target, every=2, knobs=None):
     out: list[float] = []
-    train_worker(task, strategy, knobs or {}, target_step=target, checkpoint_dir=str(d),
-                 checkpoint_every=every, report=lambda r: out.append(r["loss"]))
+    train_worker(
+        task,
+        strategy,
+        knobs or {},
+        target_step=target,
+        checkpoint_dir=str(d),
+        checkpoint_every=every,
+        report=lambda r: out.append(r["loss"]),
+    )
     return out
 
 
 def state(task, d):
-    runner = get_strategy("single").prepare(build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu")))
+    runner = get_strategy("single").prepare(
+        build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu"))
+    )
     load_checkpoint(latest_checkpoint(d), runner.module, runner.optimizer, d)
     return runner.module.state_dict(), runner.optimizer.state_dict()
 
@@ -54,21 +63,32 @@ CRASH = {
 @pytest.mark.parametrize("where", list(CRASH))
 def test_crash_mid_write_keeps_the_previous_checkpoint(tmp_path, where):
     d = tmp_path / "ckpt"
-    script = textwrap.dedent(f"""
+    script = (
+        textwrap.dedent(f"""
         import os, sys
         import ray_saturn.checkpoint
         from ray_saturn.strategies import train_worker
         from ray_saturn.toy import mlp_task
         t = mlp_task(batches=3)
-        train_worker(t, "single", {{}}, target_step=4, checkpoint_dir={str(d)!r}, checkpoint_every=2,
+        train_worker(t, "single", {{}}, target_step=4, checkpoint_dir={str(d)!r},
+                     checkpoint_every=2,
                      report=lambda r: None)
-    """) + CRASH[where] + textwrap.dedent(f"""
-        train_worker(t, "single", {{}}, target_step=6, checkpoint_dir={str(d)!r}, checkpoint_every=2,
+    """)
+        + CRASH[where]
+        + textwrap.dedent(f"""
+        train_worker(t, "single", {{}}, target_step=6, checkpoint_dir={str(d)!r},
+                     checkpoint_every=2,
                      report=lambda r: None)
         sys.exit(0)
     """)
-    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": ROOT},
-                          capture_output=True, text=True, timeout=120)
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": ROOT},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert latest_step(d) == 4
     assert (d / ".tmp-step-000000006").exists()  # the interrupted write is there, uncommitted
@@ -118,7 +138,9 @@ def test_paths_stay_inside_the_checkpoint_folder(tmp_path):
     inside.mkdir()
     os.symlink(outside / "step-000000002", inside / "step-000000009")
     assert latest_step(inside) is None  # a symlinked checkpoint is not followed
-    runner = get_strategy("single").prepare(build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu")))
+    runner = get_strategy("single").prepare(
+        build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu"))
+    )
     with pytest.raises(CheckpointError, match="outside the checkpoint folder"):
         load_checkpoint(outside / "step-000000002", runner.module, runner.optimizer, inside)
     assert checkpoint_path(inside, 3).parent == inside.resolve()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -26,8 +25,13 @@ FAST = {"warmup": 1, "steps": 2}
 @pytest.fixture(scope="module")
 def ray_local():
     root = str(Path(ray_saturn.__file__).resolve().parents[1])
-    ray.init(address="local", num_gpus=2, num_cpus=2, include_dashboard=False,
-             runtime_env={"env_vars": {"PYTHONPATH": root}})
+    ray.init(
+        address="local",
+        num_gpus=2,
+        num_cpus=2,
+        include_dashboard=False,
+        runtime_env={"env_vars": {"PYTHONPATH": root}},
+    )
     try:
         yield
     finally:
@@ -42,7 +46,9 @@ def sweep(ray_local, tmp_path_factory):
         mlp_task("a-lr0.01", lr=0.01, seed=2, max_steps=700),
         mlp_task("b-wide", width=64, max_steps=300),
     ]
-    result = Profiler(CLUSTER, strategies=["single", "ddp", "pipeline"], store=store, **FAST).run(tasks)
+    result = Profiler(CLUSTER, strategies=["single", "ddp", "pipeline"], store=store, **FAST).run(
+        tasks
+    )
     return tasks, store, result
 
 
@@ -89,16 +95,23 @@ def test_profiler_reports_its_cost_next_to_the_workload(sweep):
 @pytest.mark.ray
 def test_store_makes_a_second_run_free(sweep):
     tasks, store, first = sweep
-    again = Profiler(CLUSTER, strategies=["single", "ddp", "pipeline"], store=store, **FAST).run(tasks[:2])
+    again = Profiler(CLUSTER, strategies=["single", "ddp", "pipeline"], store=store, **FAST).run(
+        tasks[:2]
+    )
     assert again.trials_run == 0 and again.trials_cached == 3 and again.cost_gpu_s == 0
     assert [c.step_time_s for c in again.table.configs("a-lr0.1")] == [
-        c.step_time_s for c in first.table.configs("a-lr0.1")]
+        c.step_time_s for c in first.table.configs("a-lr0.1")
+    ]
 
 
 @pytest.mark.ray
 def test_failures_and_hangs_become_infeasible_rows(ray_local):
-    tasks = [faulty_task("raises", "raise"), faulty_task("ooms", "oom"), faulty_task("hangs", "hang"),
-             mlp_task("fine")]
+    tasks = [
+        faulty_task("raises", "raise"),
+        faulty_task("ooms", "oom"),
+        faulty_task("hangs", "hang"),
+        mlp_task("fine"),
+    ]
     result = Profiler(CLUSTER, strategies=["single"], trial_timeout_s=20, **FAST).run(tasks)
     t = result.table
     reasons = {name: t.get(name, "single", 1).reason or "" for name in ("raises", "ooms", "hangs")}
@@ -113,7 +126,9 @@ def test_failures_and_hangs_become_infeasible_rows(ray_local):
 
 @pytest.mark.ray
 def test_memory_limit_makes_a_configuration_infeasible(ray_local):
-    result = Profiler(CLUSTER, strategies=["single"], memory_limit_gb=1e-9, **FAST).run([mlp_task("m")])
+    result = Profiler(CLUSTER, strategies=["single"], memory_limit_gb=1e-9, **FAST).run(
+        [mlp_task("m")]
+    )
     row = result.table.get("m", "single", 1)
     assert not row.feasible and "exceeds the 1e-09 GB per GPU" in row.reason
 
@@ -128,8 +143,25 @@ def test_cli_profile(ray_local, tmp_path, capsys):
         "tasks = [mlp_task('x', lr=0.1), mlp_task('y', lr=0.2)]\n"
     )
     out = tmp_path / "p.csv"
-    rc = main(["profile", str(tasks_file), "-o", str(out), "--nodes", "1", "--gpus-per-node", "1",
-               "--strategies", "single", "--warmup", "1", "--steps", "2", "--json"])
+    rc = main(
+        [
+            "profile",
+            str(tasks_file),
+            "-o",
+            str(out),
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "1",
+            "--strategies",
+            "single",
+            "--warmup",
+            "1",
+            "--steps",
+            "2",
+            "--json",
+        ]
+    )
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
     assert report["trials_run"] == 1 and report["rows"] == 2 and report["profile_gpu_s"] > 0
@@ -173,8 +205,9 @@ def test_gpu_ladder_and_stop_rule():
 
 
 def test_knobs_for_missing_row():
-    t = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 2, "step_time_s": 1.0, "steps": 1,
-                                 "knobs": "{}"}])
+    t = ProfileTable.from_rows(
+        [{"task": "a", "strategy": "ddp", "gpus": 2, "step_time_s": 1.0, "steps": 1, "knobs": "{}"}]
+    )
     with pytest.raises(ProfileError, match="no row"):
         knobs_for(t, "a", "ddp", 4)
 

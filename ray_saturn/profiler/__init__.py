@@ -22,7 +22,8 @@ Example:
     >>> import ray, ray_saturn
     >>> from ray_saturn.toy import mlp_task
     >>> _ = ray.init(num_gpus=2, num_cpus=2, include_dashboard=False)  # doctest: +SKIP
-    >>> table = ray_saturn.profile([mlp_task("a", lr=0.1)], strategies=["single", "ddp"])  # doctest: +SKIP
+    >>> tasks = [mlp_task("a", lr=0.1)]
+    >>> table = ray_saturn.profile(tasks, strategies=["single", "ddp"])  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,12 +69,14 @@ def gpu_ladder(cluster: ClusterSpec) -> list[tuple[int, int]]:
     return out
 
 
-def knobs_for(table: ProfileTable, task: str, strategy: str, gpus: int, nodes: int = 1) -> dict[str, Any]:
+def knobs_for(
+    table: ProfileTable, task: str, strategy: str, gpus: int, nodes: int = 1
+) -> dict[str, Any]:
     """The knob settings the profiler chose for a configuration (``{}`` if the table has none).
 
     Example:
-        >>> t = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 2, "step_time_s": 1.0,
-        ...                              "steps": 5, "knobs": '{"bucket_cap_mb": 50}'}])
+        >>> t = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 2,
+        ...     "step_time_s": 1.0, "steps": 5, "knobs": '{"bucket_cap_mb": 50}'}])
         >>> knobs_for(t, "a", "ddp", 2)
         {'bucket_cap_mb': 50}
     """
@@ -82,9 +85,16 @@ def knobs_for(table: ProfileTable, task: str, strategy: str, gpus: int, nodes: i
         return {}
     cols = arrow.select(["task", "strategy", "gpus", "nodes", "knobs"]).to_pylist()
     for row in cols:
-        if (row["task"], row["strategy"], row["gpus"], row["nodes"]) == (task, strategy, gpus, nodes):
+        if (row["task"], row["strategy"], row["gpus"], row["nodes"]) == (
+            task,
+            strategy,
+            gpus,
+            nodes,
+        ):
             return json.loads(row["knobs"]) if row["knobs"] else {}
-    raise ProfileError(f"no row for task {task!r} strategy {strategy!r} with {gpus} GPU(s) on {nodes} node(s)")
+    raise ProfileError(
+        f"no row for task {task!r} strategy {strategy!r} with {gpus} GPU(s) on {nodes} node(s)"
+    )
 
 
 @dataclass
@@ -106,8 +116,9 @@ class ProfileResult:
 
     def summary(self) -> str:
         return (
-            f"profiled {self.trials_run} trial(s) ({self.trials_cached} from the store) in {self.wall_s:.1f} s: "
-            f"{self.cost_gpu_s:.1f} GPU-s, {100 * self.cost_ratio:.2f}% of the workload's estimated "
+            f"profiled {self.trials_run} trial(s) ({self.trials_cached} from the store) "
+            f"in {self.wall_s:.1f} s: {self.cost_gpu_s:.1f} GPU-s, "
+            f"{100 * self.cost_ratio:.2f}% of the workload's estimated "
             f"{self.workload_gpu_s:.1f} GPU-s"
         )
 
@@ -132,7 +143,9 @@ class _Chain:
         if trial.feasible and trial.step_time_s is not None:
             if self.best is not None and trial.step_time_s > self.best * (1 - min_improvement):
                 self.done = True
-            self.best = trial.step_time_s if self.best is None else min(self.best, trial.step_time_s)
+            self.best = (
+                trial.step_time_s if self.best is None else min(self.best, trial.step_time_s)
+            )
         elif not any(w in (trial.reason or "") for w in _MEMORY_WORDS):
             self.done = True  # a failure that more GPUs will not fix
 
@@ -165,14 +178,20 @@ class Profiler:
         if trial_timeout_s <= 0 or placement_timeout_s <= 0:
             raise SpecError("trial_timeout_s and placement_timeout_s must be positive seconds")
         if not 0 <= min_improvement < 1:
-            raise SpecError(f"min_improvement is {min_improvement}; give a fraction in [0, 1), e.g. 0.05")
+            raise SpecError(
+                f"min_improvement is {min_improvement}; give a fraction in [0, 1), e.g. 0.05"
+            )
         self.cluster = cluster
         self.strategies = list(strategies) if strategies is not None else None
         if self.strategies is not None:
             for s in self.strategies:
                 get_strategy(s)
         self.store = ProfileStore(store)
-        self.measure_kw = {"warmup": int(warmup), "steps": int(steps), "memory_limit_gb": memory_limit_gb}
+        self.measure_kw = {
+            "warmup": int(warmup),
+            "steps": int(steps),
+            "memory_limit_gb": memory_limit_gb,
+        }
         self.trial_timeout_s = float(trial_timeout_s)
         self.placement_timeout_s = float(placement_timeout_s)
         self.min_improvement = float(min_improvement)
@@ -230,14 +249,21 @@ class Profiler:
         self.store.flush()
         table = self._table(tasks, sigs, chains, measured, cached_keys)
         result = ProfileResult(
-            table, cost, _workload_gpu_s(table), run_count, len(cached_keys), time.monotonic() - t0,
+            table,
+            cost,
+            _workload_gpu_s(table),
+            run_count,
+            len(cached_keys),
+            time.monotonic() - t0,
             [(c.task, c.strategy, c.gpus, c.reason or "") for c in table if not c.feasible],
         )
         log.info("%s", result.summary())
         return result
 
     # ------------------------------------------------------------------ running
-    def _walk(self, chains: list[_Chain], cluster: ClusterSpec, measured, cached_keys) -> tuple[float, int]:
+    def _walk(
+        self, chains: list[_Chain], cluster: ClusterSpec, measured, cached_keys
+    ) -> tuple[float, int]:
         import ray
 
         from ray_saturn.strategies.base import Infeasible
@@ -280,8 +306,14 @@ class Profiler:
                         progressed = True
                         continue
                     if g <= free and len(busy) < limit:
-                        spec = TrialSpec(chain.spec_task, chain.signature, chain.strategy, g, n,
-                                         dict(self.measure_kw))
+                        spec = TrialSpec(
+                            chain.spec_task,
+                            chain.signature,
+                            chain.strategy,
+                            g,
+                            n,
+                            dict(self.measure_kw),
+                        )
                         trial = launch(spec)
                         waiting_pg[trial.ready_ref] = (chain, trial)
                         busy.add(id(chain))
@@ -303,66 +335,143 @@ class Profiler:
                     chain, trial = waiting_pg.pop(ref)
                     try:
                         trial.start(self.trial_timeout_s)
-                    except Exception as exc:  # noqa: BLE001 - the actors could not start
-                        finish(chain, trial, Infeasible(trial.spec.strategy, trial.spec.gpus,
-                                                        f"workers failed to start: {exc}"), trial.gpu_seconds())
+                    except Exception as exc:
+                        finish(
+                            chain,
+                            trial,
+                            Infeasible(
+                                trial.spec.strategy,
+                                trial.spec.gpus,
+                                f"workers failed to start: {exc}",
+                            ),
+                            trial.gpu_seconds(),
+                        )
                         continue
                     running[trial.result_ref] = (chain, trial)
                 else:
                     chain, trial = running.pop(ref)
                     try:
                         outcome = ray.get(ref)
-                    except Exception as exc:  # noqa: BLE001 - the worker died (e.g. killed by the OS)
-                        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-                        outcome = Infeasible(trial.spec.strategy, trial.spec.gpus, f"trial worker died: {first}")
+                    except Exception as exc:
+                        first = (
+                            str(exc).strip().splitlines()[0][:300]
+                            if str(exc).strip()
+                            else type(exc).__name__
+                        )
+                        outcome = Infeasible(
+                            trial.spec.strategy, trial.spec.gpus, f"trial worker died: {first}"
+                        )
                     finish(chain, trial, outcome, trial.gpu_seconds())
             for ref, (chain, trial) in list(waiting_pg.items()):
                 if now - trial.created_s > self.placement_timeout_s:
                     waiting_pg.pop(ref)
-                    finish(chain, trial, Infeasible(
-                        trial.spec.strategy, trial.spec.gpus,
-                        f"no placement for {trial.spec.gpus} GPU(s) on {trial.spec.nodes} node(s) "
-                        f"within {self.placement_timeout_s:g} s"), trial.gpu_seconds())
+                    finish(
+                        chain,
+                        trial,
+                        Infeasible(
+                            trial.spec.strategy,
+                            trial.spec.gpus,
+                            f"no placement for {trial.spec.gpus} GPU(s) on "
+                            f"{trial.spec.nodes} node(s) "
+                            f"within {self.placement_timeout_s:g} s",
+                        ),
+                        trial.gpu_seconds(),
+                    )
             for ref, (chain, trial) in list(running.items()):
                 if trial.started_s is not None and now - trial.started_s > self.trial_timeout_s:
                     running.pop(ref)
-                    log.warning("trial %s %s on %d GPU(s) hung; killed after %g s",
-                                trial.spec.task.name, trial.spec.strategy, trial.spec.gpus, self.trial_timeout_s)
-                    finish(chain, trial, Infeasible(
-                        trial.spec.strategy, trial.spec.gpus,
-                        f"hung: no result within {self.trial_timeout_s:g} s; killed"), trial.gpu_seconds())
+                    log.warning(
+                        "trial %s %s on %d GPU(s) hung; killed after %g s",
+                        trial.spec.task.name,
+                        trial.spec.strategy,
+                        trial.spec.gpus,
+                        self.trial_timeout_s,
+                    )
+                    finish(
+                        chain,
+                        trial,
+                        Infeasible(
+                            trial.spec.strategy,
+                            trial.spec.gpus,
+                            f"hung: no result within {self.trial_timeout_s:g} s; killed",
+                        ),
+                        trial.gpu_seconds(),
+                    )
 
     # ------------------------------------------------------------------ output
     def _table(self, tasks, sigs, chains, measured, cached_keys) -> ProfileTable:
         rows: list[dict[str, Any]] = []
         for task in tasks:
             sig = sigs[task.name]
-            found = sorted((t for k, t in measured.items() if k[0] == sig), key=lambda t: (t.strategy, t.gpus))
+            found = sorted(
+                (t for k, t in measured.items() if k[0] == sig), key=lambda t: (t.strategy, t.gpus)
+            )
             for t in found:
-                rows.append({
-                    "task": task.name, "strategy": t.strategy, "gpus": t.gpus, "nodes": t.nodes,
-                    "step_time_s": t.step_time_s if t.feasible else None, "steps": task.total_steps,
-                    "feasible": t.feasible, "peak_mem_gb": t.peak_mem_gb, "reason": t.reason,
-                    "knobs": t.knobs, "signature": sig, "cached": t.key in cached_keys,
-                    "cost_gpu_s": t.cost_gpu_s,
-                })
+                rows.append(
+                    {
+                        "task": task.name,
+                        "strategy": t.strategy,
+                        "gpus": t.gpus,
+                        "nodes": t.nodes,
+                        "step_time_s": t.step_time_s if t.feasible else None,
+                        "steps": task.total_steps,
+                        "feasible": t.feasible,
+                        "peak_mem_gb": t.peak_mem_gb,
+                        "reason": t.reason,
+                        "knobs": t.knobs,
+                        "signature": sig,
+                        "cached": t.key in cached_keys,
+                        "cost_gpu_s": t.cost_gpu_s,
+                    }
+                )
             if not found:
                 names = ", ".join(self._strategies_for(task))
-                rows.append({
-                    "task": task.name, "strategy": self._strategies_for(task)[0], "gpus": 1, "nodes": 1,
-                    "step_time_s": None, "steps": task.total_steps, "feasible": False, "peak_mem_gb": None,
-                    "reason": f"none of the strategies ({names}) applies on this cluster",
-                    "knobs": "{}", "signature": sig, "cached": False, "cost_gpu_s": 0.0,
-                })
+                rows.append(
+                    {
+                        "task": task.name,
+                        "strategy": self._strategies_for(task)[0],
+                        "gpus": 1,
+                        "nodes": 1,
+                        "step_time_s": None,
+                        "steps": task.total_steps,
+                        "feasible": False,
+                        "peak_mem_gb": None,
+                        "reason": f"none of the strategies ({names}) applies on this cluster",
+                        "knobs": "{}",
+                        "signature": sig,
+                        "cached": False,
+                        "cost_gpu_s": 0.0,
+                    }
+                )
         return ProfileTable.from_rows(rows, source="profiler")
 
 
 def _stored(spec: TrialSpec, outcome, spent: float) -> StoredTrial:
     if outcome.feasible:
-        return StoredTrial(spec.signature, spec.strategy, spec.gpus, spec.nodes, outcome.step_time_s, True,
-                           outcome.peak_mem_gb, None, json.dumps(dict(outcome.knobs), sort_keys=True), spent)
-    return StoredTrial(spec.signature, spec.strategy, spec.gpus, spec.nodes, None, False, None,
-                       outcome.reason, "{}", spent)
+        return StoredTrial(
+            spec.signature,
+            spec.strategy,
+            spec.gpus,
+            spec.nodes,
+            outcome.step_time_s,
+            True,
+            outcome.peak_mem_gb,
+            None,
+            json.dumps(dict(outcome.knobs), sort_keys=True),
+            spent,
+        )
+    return StoredTrial(
+        spec.signature,
+        spec.strategy,
+        spec.gpus,
+        spec.nodes,
+        None,
+        False,
+        None,
+        outcome.reason,
+        "{}",
+        spent,
+    )
 
 
 def _workload_gpu_s(table: ProfileTable) -> float:
@@ -391,14 +500,14 @@ def profile(
 
     Example:
         >>> import ray_saturn
-        >>> ray_saturn.profile([], ray_saturn.ClusterSpec.uniform(1, 1))
-        Traceback (most recent call last):
-        ...
-        ray_saturn.errors.SaturnError: Ray is not initialised; call ray.init() first (on a laptop: ray.init(num_gpus=N, include_dashboard=False) gives N logical GPUs)
+        >>> from ray_saturn.errors import SaturnError
+        >>> try:
+        ...     ray_saturn.profile([], ray_saturn.ClusterSpec.uniform(1, 1))
+        ... except SaturnError as exc:
+        ...     print(str(exc)[:26])
+        Ray is not initialised; ca
     """
     result = Profiler(cluster, **options).run(tasks)
     if output:
         result.table.write(output)
     return result.table
-
-

@@ -35,7 +35,9 @@ def _batch_shapes(batch: Any) -> Any:
     if isinstance(batch, torch.Tensor):
         return [list(batch.shape), str(batch.dtype)]
     if isinstance(batch, Mapping):
-        return {str(k): _batch_shapes(v) for k, v in sorted(batch.items(), key=lambda kv: str(kv[0]))}
+        return {
+            str(k): _batch_shapes(v) for k, v in sorted(batch.items(), key=lambda kv: str(kv[0]))
+        }
     if isinstance(batch, (list, tuple)):
         return [_batch_shapes(v) for v in batch]
     return type(batch).__name__
@@ -49,7 +51,7 @@ def describe_task(task: Task) -> dict[str, Any]:
     probe = torch.nn.Parameter(torch.zeros(1))
     try:
         optimizer = type(task.optimizer([probe], task.hparams)).__qualname__
-    except Exception:  # noqa: BLE001 - an optimizer that cannot be built on a probe
+    except Exception:
         optimizer = "unknown"
     return {
         "model": type(model).__qualname__,
@@ -62,11 +64,18 @@ def describe_task(task: Task) -> dict[str, Any]:
     }
 
 
-def performance_signature(task: Task, *, hardware: str, settings: Mapping[str, Any] | None = None) -> str:
+def performance_signature(
+    task: Task, *, hardware: str, settings: Mapping[str, Any] | None = None
+) -> str:
     """A 16-hex-digit hash of :func:`describe_task`, the hardware and measurement settings."""
     blob = json.dumps(
-        {"task": describe_task(task), "hardware": hardware, "torch": torch.__version__,
-         "settings": dict(settings or {})},
-        sort_keys=True, default=str,
+        {
+            "task": describe_task(task),
+            "hardware": hardware,
+            "torch": torch.__version__,
+            "settings": dict(settings or {}),
+        },
+        sort_keys=True,
+        default=str,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -45,11 +45,20 @@ class StoredTrial:
         return (self.signature, self.strategy, self.gpus, self.nodes)
 
 
-_SCHEMA = pa.schema([
-    ("signature", pa.string()), ("strategy", pa.string()), ("gpus", pa.int64()), ("nodes", pa.int64()),
-    ("step_time_s", pa.float64()), ("feasible", pa.bool_()), ("peak_mem_gb", pa.float64()),
-    ("reason", pa.string()), ("knobs", pa.string()), ("cost_gpu_s", pa.float64()),
-])
+_SCHEMA = pa.schema(
+    [
+        ("signature", pa.string()),
+        ("strategy", pa.string()),
+        ("gpus", pa.int64()),
+        ("nodes", pa.int64()),
+        ("step_time_s", pa.float64()),
+        ("feasible", pa.bool_()),
+        ("peak_mem_gb", pa.float64()),
+        ("reason", pa.string()),
+        ("knobs", pa.string()),
+        ("cost_gpu_s", pa.float64()),
+    ]
+)
 
 
 class ProfileStore:
@@ -62,10 +71,14 @@ class ProfileStore:
             try:
                 table = pq.read_table(self.path)
             except (pa.ArrowInvalid, OSError) as exc:
-                raise ProfileError(f"{self.path}: not a readable profile store ({exc}); delete it") from None
+                raise ProfileError(
+                    f"{self.path}: not a readable profile store ({exc}); delete it"
+                ) from None
             missing = [f.name for f in _SCHEMA if f.name not in table.column_names]
             if missing:
-                raise ProfileError(f"{self.path}: profile store lacks column(s) {', '.join(missing)}; delete it")
+                raise ProfileError(
+                    f"{self.path}: profile store lacks column(s) {', '.join(missing)}; delete it"
+                )
             for row in table.select(_SCHEMA.names).to_pylist():
                 trial = StoredTrial(**row)
                 self._rows[trial.key] = trial

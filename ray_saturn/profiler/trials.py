@@ -8,6 +8,7 @@ evenly over ``nodes`` nodes (one bundle per node, ``STRICT_SPREAD``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -34,8 +35,17 @@ class _TrialWorker:
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
-    def search(self, task: Task, strategy: str, rank: int, world: int, addr: str, port: int,
-               measure_kw: dict[str, Any], timeout_s: float) -> SearchResult | Infeasible:
+    def search(
+        self,
+        task: Task,
+        strategy: str,
+        rank: int,
+        world: int,
+        addr: str,
+        port: int,
+        measure_kw: dict[str, Any],
+        timeout_s: float,
+    ) -> SearchResult | Infeasible:
         from datetime import timedelta
 
         import torch
@@ -47,11 +57,16 @@ class _TrialWorker:
         os.environ.setdefault("LOCAL_RANK", "0")
         if world > 1:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
-            dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
-                                    world_size=world, timeout=timedelta(seconds=timeout_s))
+            dist.init_process_group(
+                backend,
+                init_method=f"tcp://{addr}:{port}",
+                rank=rank,
+                world_size=world,
+                timeout=timedelta(seconds=timeout_s),
+            )
         try:
             return get_strategy(strategy).search(task, WorkerContext.current(), **measure_kw)
-        except Exception as exc:  # noqa: BLE001 - any failure is an infeasible trial
+        except Exception as exc:
             return Infeasible(strategy, world, _describe(exc))
         finally:
             if world > 1 and dist.is_initialized():
@@ -104,7 +119,9 @@ class RunningTrial:
         endpoints = ray.get([a.endpoint.remote() for a in self.actors], timeout=startup_timeout_s)
         addr, port = endpoints[0]
         refs = [
-            a.search.remote(spec.task, spec.strategy, rank, spec.gpus, addr, port, spec.measure_kw, timeout_s)
+            a.search.remote(
+                spec.task, spec.strategy, rank, spec.gpus, addr, port, spec.measure_kw, timeout_s
+            )
             for rank, a in enumerate(self.actors)
         ]
         self.result_ref = refs[0]
@@ -116,14 +133,10 @@ class RunningTrial:
         from ray.util.placement_group import remove_placement_group
 
         for a in self.actors:
-            try:
+            with contextlib.suppress(Exception):
                 ray.kill(a, no_restart=True)
-            except Exception:  # noqa: BLE001 - already dead
-                pass
-        try:
+        with contextlib.suppress(Exception):
             remove_placement_group(self.pg)
-        except Exception:  # noqa: BLE001 - already removed
-            pass
 
     def gpu_seconds(self) -> float:
         return self.spec.gpus * (time.monotonic() - self.created_s)

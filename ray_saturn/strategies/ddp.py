@@ -9,7 +9,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -33,7 +33,7 @@ class DDP(Strategy):
 
     name = "ddp"
     min_gpus = 2
-    knob_defaults = {"bucket_cap_mb": 25.0}
+    knob_defaults: ClassVar[dict[str, Any]] = {"bucket_cap_mb": 25.0}
 
     def prepare(
         self, model: torch.nn.Module, task: Task, knobs: Mapping[str, Any], ctx: WorkerContext

@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -37,7 +37,7 @@ class DDPCompressed(Strategy):
     name = "ddp-compressed"
     exact = False
     min_gpus = 2
-    knob_defaults = {
+    knob_defaults: ClassVar[dict[str, Any]] = {
         "method": "quantize",
         "bits": 8,
         "bucket_size": 512,

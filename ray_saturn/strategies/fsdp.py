@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -55,7 +55,7 @@ class FSDP(Strategy):
 
     name = "fsdp"
     min_gpus = 2
-    knob_defaults = {
+    knob_defaults: ClassVar[dict[str, Any]] = {
         "activation_checkpointing": False,
         "cpu_offload": False,
         "reshard_after_forward": True,
@@ -70,7 +70,10 @@ class FSDP(Strategy):
 
     def hardware_reason(self, knobs: Mapping[str, Any], device: torch.device) -> str | None:
         if knobs.get("cpu_offload") and device.type != "cuda":
-            return "fsdp cpu_offload needs a CUDA device (FSDP2 CPUOffloadPolicy fails without an accelerator)"
+            return (
+                "fsdp cpu_offload needs a CUDA device "
+                "(FSDP2 CPUOffloadPolicy fails without an accelerator)"
+            )
         return None
 
     def prepare(

@@ -3,8 +3,9 @@
 Example:
     >>> import torch
     >>> from ray_saturn import Task
-    >>> t = Task("t", model=lambda hp: torch.nn.Linear(3, 1), data=lambda hp: [(torch.ones(5, 3),)],
-    ...          loss=lambda o, b: o.sum(), optimizer=lambda p, hp: torch.optim.SGD(p, lr=0.1), max_steps=1)
+    >>> t = Task("t", model=lambda hp: torch.nn.Linear(3, 1),
+    ...          data=lambda hp: [(torch.ones(5, 3),)], loss=lambda o, b: o.sum(),
+    ...          optimizer=lambda p, hp: torch.optim.SGD(p, lr=0.1), max_steps=1)
     >>> type(meta_model(t)).__name__, first_batch_rows(t)
     ('Linear', 5)
 """
@@ -30,7 +31,8 @@ def build_model(task: Task) -> torch.nn.Module:
         from ray_saturn.errors import SpecError
 
         raise SpecError(
-            f"task {task.name!r}: model factory returned {type(model).__name__}, not a torch.nn.Module"
+            f"task {task.name!r}: model factory returned {type(model).__name__}, "
+            "not a torch.nn.Module"
         )
     return model
 

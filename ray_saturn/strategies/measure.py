@@ -14,7 +14,8 @@ Example:
     >>> from ray_saturn.strategies import get_strategy, WorkerContext
     >>> from ray_saturn.toy import mlp_task
     >>> import torch
-    >>> r = get_strategy("single").search(mlp_task(), WorkerContext(0, 1, torch.device("cpu")), steps=2)
+    >>> ctx = WorkerContext(0, 1, torch.device("cpu"))
+    >>> r = get_strategy("single").search(mlp_task(), ctx, steps=2)
     >>> r.feasible and r.step_time_s > 0
     True
 """

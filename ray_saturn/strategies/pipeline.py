@@ -18,17 +18,17 @@ Example:
     >>> from torch import nn
     >>> stage_bounds(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)), 2, "layers")
     [0, 2, 3]
-    >>> stage_bounds(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.Linear(4, 4)), 3, "params")
+    >>> four = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.Linear(4, 4))
+    >>> stage_bounds(four, 3, "params")
     [0, 2, 3, 4]
 """
 
 from __future__ import annotations
 
 import itertools
-import itertools
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -84,7 +84,9 @@ def stage_bounds(model: nn.Sequential, stages: int, split: Any) -> list[int]:
         )
     for a, b in itertools.pairwise(bounds):
         if not any(has_params[a:b]):
-            raise KnobError(f"pipeline: stage of children {a}..{b - 1} has no parameters; split elsewhere")
+            raise KnobError(
+                f"pipeline: stage of children {a}..{b - 1} has no parameters; split elsewhere"
+            )
     return bounds
 
 
@@ -125,7 +127,7 @@ class Pipeline(Strategy):
 
     name = "pipeline"
     min_gpus = 2
-    knob_defaults = {"microbatches": 2, "split": "params"}
+    knob_defaults: ClassVar[dict[str, Any]] = {"microbatches": 2, "split": "params"}
 
     def batch_ways(self, gpus: int) -> int:
         return 1
@@ -138,9 +140,13 @@ class Pipeline(Strategy):
 
         model = meta_model(task)
         if not isinstance(model, nn.Sequential):
-            return f"pipeline needs an nn.Sequential model; task {task.name!r} builds a {type(model).__name__}"
+            kind = type(model).__name__
+            return f"pipeline needs an nn.Sequential model; task {task.name!r} builds a {kind}"
         if len(model) < gpus:
-            return f"pipeline: {gpus} stages need {gpus} layers; task {task.name!r}'s model has {len(model)}"
+            return (
+                f"pipeline: {gpus} stages need {gpus} layers; "
+                f"task {task.name!r}'s model has {len(model)}"
+            )
         return None
 
     def check_knobs(self, knobs: Mapping[str, Any] | None) -> dict[str, Any]:

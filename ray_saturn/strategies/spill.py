@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -53,7 +53,7 @@ class _Shard:
         self._home: list[torch.Tensor] | None = None
 
     def fetch(self) -> None:
-        """Copy the parameters onto the compute device (a separate tensor even on the same device)."""
+        """Copy the parameters onto the compute device (a new tensor even on the same device)."""
         self._home = [p.data for p in self.params]
         for p in self.params:
             p.data = p.data.to(self.compute, copy=True)
@@ -109,7 +109,7 @@ class _ShardFn(torch.autograd.Function):
 
 
 class SpilledSequential(nn.Module):
-    """An ``nn.Sequential`` run shard by shard with its parameters spilled (see the module docstring).
+    """An ``nn.Sequential`` run shard by shard, parameters spilled (see the module docstring).
 
     The state dict is the wrapped model's (same parameter names).
     """
@@ -126,7 +126,8 @@ class SpilledSequential(nn.Module):
             raise KnobError(f"spill needs an nn.Sequential model, got {type(model).__name__}")
         if not 1 <= shards <= len(model):
             raise KnobError(
-                f"spill: shards is {shards}; use 1..{len(model)} (the model has {len(model)} layers)"
+                f"spill: shards is {shards}; use 1..{len(model)} "
+                f"(the model has {len(model)} layers)"
             )
         self.model = model.to(offload or torch.device("cpu"))
         self.compute = compute
@@ -136,9 +137,7 @@ class SpilledSequential(nn.Module):
         from ray_saturn.strategies.pipeline import stage_bounds
 
         bounds = stage_bounds(model, shards, "params")
-        self._shards = [
-            _Shard(model[a:b], compute, self) for a, b in itertools.pairwise(bounds)
-        ]
+        self._shards = [_Shard(model[a:b], compute, self) for a, b in itertools.pairwise(bounds)]
 
     def state_dict(self, *args, **kwargs):  # the wrapped model's names
         return self.model.state_dict(*args, **kwargs)
@@ -157,7 +156,7 @@ class Spill(Strategy):
 
     name = "spill"
     max_gpus = 1
-    knob_defaults = {"shards": 2}
+    knob_defaults: ClassVar[dict[str, Any]] = {"shards": 2}
 
     def applies(self, task: Task | None, gpus: int) -> str | None:
         reason = super().applies(task, gpus)
@@ -167,7 +166,8 @@ class Spill(Strategy):
 
         model = meta_model(task)
         if not isinstance(model, nn.Sequential):
-            return f"spill needs an nn.Sequential model; task {task.name!r} builds a {type(model).__name__}"
+            kind = type(model).__name__
+            return f"spill needs an nn.Sequential model; task {task.name!r} builds a {kind}"
         return None
 
     def check_knobs(self, knobs: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -59,7 +59,9 @@ def train_worker(
     checkpoint_every: int,
     report: Callable[[dict], None],
 ) -> TrainOutcome:
-    """Train ``task`` with ``strategy`` on this worker until ``target_step`` (see the package docstring).
+    """Train ``task`` with ``strategy`` on this worker until ``target_step``.
+
+    See the ``ray_saturn.strategies`` docstring for the contract.
 
     Example:
         >>> import tempfile, torch
@@ -100,7 +102,8 @@ def train_worker(
             )
         if start > target_step:
             raise SpecError(
-                f"task {task.name!r}: checkpoint {latest} is at step {start}, past target_step {target_step}"
+                f"task {task.name!r}: checkpoint {latest} is at step {start}, "
+                f"past target_step {target_step}"
             )
         stream = DataStream(task.data, task.hparams, position)
         loss: float | None = None
