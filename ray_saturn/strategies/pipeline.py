@@ -64,10 +64,9 @@ def stage_bounds(model: nn.Sequential, stages: int, split: Any) -> list[int]:
                 f"pipeline: {stages} stages need {stages} layers with parameters; "
                 f"the model has {len(starts) + int(has_params[0]) if n else 0}"
             )
-        if split == "layers":
-            weights = [1] * n
-        else:
-            weights = [sum(p.numel() for p in child.parameters()) for child in model]
+        weights = (
+            [1] * n if split == "layers" else [sum(p.numel() for p in c.parameters()) for c in model]
+        )
         total = sum(weights) or 1
         cum = list(itertools.accumulate(weights))
         bounds = [0]
