@@ -151,6 +151,10 @@ class SpilledSequential(nn.Module):
         return x
 
 
+def _trainable_layers(model: nn.Module) -> int:
+    return sum(1 for child in model.children() if any(True for _ in child.parameters()))
+
+
 class Spill(Strategy):
     """Layer spilling on one GPU (exact). Knob: ``shards``."""
 
@@ -179,18 +183,17 @@ class Spill(Strategy):
     def knob_space(self, task: Task, gpus: int) -> Sequence[Mapping[str, Any]]:
         from ray_saturn.strategies.introspect import meta_model
 
-        n = len(meta_model(task))
+        n = _trainable_layers(meta_model(task))
         return [{"shards": s} for s in sorted({2, 4, 8} & set(range(1, n + 1))) or [1]]
 
     def prepare(
         self, model: nn.Module, task: Task, knobs: Mapping[str, Any], ctx: WorkerContext
     ) -> Runner:
         knobs = self.check_knobs(knobs)
-        shards = (
-            min(int(knobs["shards"]), len(model))
-            if isinstance(model, nn.Sequential)
-            else int(knobs["shards"])
-        )
+        # at most one shard per layer with parameters (more would leave shards with nothing to move)
+        shards = int(knobs["shards"])
+        if isinstance(model, nn.Sequential):
+            shards = max(1, min(shards, _trainable_layers(model)))
         spilled = SpilledSequential(model, shards, ctx.device, torch.device("cpu"))
         optimizer = task.optimizer(spilled.model.parameters(), task.hparams)
         return DataParallelRunner(
