@@ -46,9 +46,7 @@ def sweep(ray_local, tmp_path_factory):
         mlp_task("a-lr0.01", lr=0.01, seed=2, max_steps=700),
         mlp_task("b-wide", width=64, max_steps=300),
     ]
-    result = Profiler(CLUSTER, strategies=["single", "ddp", "pipeline"], store=store, **FAST).run(
-        tasks
-    )
+    result = Profiler(CLUSTER, strategies=["single", "ddp", "pipeline"], store=store, **FAST).run(tasks)
     return tasks, store, result
 
 
@@ -95,9 +93,7 @@ def test_profiler_reports_its_cost_next_to_the_workload(sweep):
 @pytest.mark.ray
 def test_store_makes_a_second_run_free(sweep):
     tasks, store, first = sweep
-    again = Profiler(CLUSTER, strategies=["single", "ddp", "pipeline"], store=store, **FAST).run(
-        tasks[:2]
-    )
+    again = Profiler(CLUSTER, strategies=["single", "ddp", "pipeline"], store=store, **FAST).run(tasks[:2])
     assert again.trials_run == 0 and again.trials_cached == 3 and again.cost_gpu_s == 0
     assert [c.step_time_s for c in again.table.configs("a-lr0.1")] == [
         c.step_time_s for c in first.table.configs("a-lr0.1")
@@ -126,9 +122,7 @@ def test_failures_and_hangs_become_infeasible_rows(ray_local):
 
 @pytest.mark.ray
 def test_memory_limit_makes_a_configuration_infeasible(ray_local):
-    result = Profiler(CLUSTER, strategies=["single"], memory_limit_gb=1e-9, **FAST).run(
-        [mlp_task("m")]
-    )
+    result = Profiler(CLUSTER, strategies=["single"], memory_limit_gb=1e-9, **FAST).run([mlp_task("m")])
     row = result.table.get("m", "single", 1)
     assert not row.feasible and "exceeds the 1e-09 GB per GPU" in row.reason
 
@@ -139,8 +133,7 @@ def test_cli_profile(ray_local, tmp_path, capsys):
 
     tasks_file = tmp_path / "tasks.py"
     tasks_file.write_text(
-        "from ray_saturn.toy import mlp_task\n"
-        "tasks = [mlp_task('x', lr=0.1), mlp_task('y', lr=0.2)]\n"
+        "from ray_saturn.toy import mlp_task\ntasks = [mlp_task('x', lr=0.1), mlp_task('y', lr=0.2)]\n"
     )
     out = tmp_path / "p.csv"
     rc = main(
@@ -217,3 +210,12 @@ def test_profiler_option_errors():
         Profiler(CLUSTER, min_improvement=1.5)
     with pytest.raises(SaturnError, match="not registered"):
         Profiler(CLUSTER, strategies=["nope"])
+
+
+@pytest.mark.ray
+def test_a_trial_that_cannot_be_placed_is_infeasible(ray_local):
+    # the spec claims 4 GPUs on the node; Ray has 2, so the 4-GPU trial never gets its bundles
+    result = Profiler(ClusterSpec.uniform(1, 4), strategies=["ddp"], placement_timeout_s=3, **FAST).run([mlp_task("p")])
+    assert result.table.get("p", "ddp", 2).feasible
+    row = result.table.get("p", "ddp", 4)
+    assert not row.feasible and "no placement for 4 GPU(s) on 1 node(s) within 3 s" in row.reason
