@@ -69,9 +69,7 @@ def gpu_ladder(cluster: ClusterSpec) -> list[tuple[int, int]]:
     return out
 
 
-def knobs_for(
-    table: ProfileTable, task: str, strategy: str, gpus: int, nodes: int = 1
-) -> dict[str, Any]:
+def knobs_for(table: ProfileTable, task: str, strategy: str, gpus: int, nodes: int = 1) -> dict[str, Any]:
     """The knob settings the profiler chose for a configuration (``{}`` if the table has none).
 
     Example:
@@ -92,9 +90,7 @@ def knobs_for(
             nodes,
         ):
             return json.loads(row["knobs"]) if row["knobs"] else {}
-    raise ProfileError(
-        f"no row for task {task!r} strategy {strategy!r} with {gpus} GPU(s) on {nodes} node(s)"
-    )
+    raise ProfileError(f"no row for task {task!r} strategy {strategy!r} with {gpus} GPU(s) on {nodes} node(s)")
 
 
 @dataclass
@@ -143,9 +139,7 @@ class _Chain:
         if trial.feasible and trial.step_time_s is not None:
             if self.best is not None and trial.step_time_s > self.best * (1 - min_improvement):
                 self.done = True
-            self.best = (
-                trial.step_time_s if self.best is None else min(self.best, trial.step_time_s)
-            )
+            self.best = trial.step_time_s if self.best is None else min(self.best, trial.step_time_s)
         elif not any(w in (trial.reason or "") for w in _MEMORY_WORDS):
             self.done = True  # a failure that more GPUs will not fix
 
@@ -178,9 +172,7 @@ class Profiler:
         if trial_timeout_s <= 0 or placement_timeout_s <= 0:
             raise SpecError("trial_timeout_s and placement_timeout_s must be positive seconds")
         if not 0 <= min_improvement < 1:
-            raise SpecError(
-                f"min_improvement is {min_improvement}; give a fraction in [0, 1), e.g. 0.05"
-            )
+            raise SpecError(f"min_improvement is {min_improvement}; give a fraction in [0, 1), e.g. 0.05")
         self.cluster = cluster
         self.strategies = list(strategies) if strategies is not None else None
         if self.strategies is not None:
@@ -261,9 +253,7 @@ class Profiler:
         return result
 
     # ------------------------------------------------------------------ running
-    def _walk(
-        self, chains: list[_Chain], cluster: ClusterSpec, measured, cached_keys
-    ) -> tuple[float, int]:
+    def _walk(self, chains: list[_Chain], cluster: ClusterSpec, measured, cached_keys) -> tuple[float, int]:
         import ray
 
         from ray_saturn.strategies.base import Infeasible
@@ -274,10 +264,12 @@ class Profiler:
         running: dict[Any, tuple[_Chain, RunningTrial]] = {}
         busy: set[int] = set()
         cost, run_count = 0.0, 0
+        last_release = time.monotonic()
 
         def finish(chain: _Chain, trial: RunningTrial, outcome, spent: float) -> None:
-            nonlocal free, cost
+            nonlocal free, cost, last_release
             trial.release()
+            last_release = time.monotonic()
             free += trial.spec.gpus
             busy.discard(id(chain))
             cost += spent
@@ -353,17 +345,14 @@ class Profiler:
                     try:
                         outcome = ray.get(ref)
                     except Exception as exc:
-                        first = (
-                            str(exc).strip().splitlines()[0][:300]
-                            if str(exc).strip()
-                            else type(exc).__name__
-                        )
-                        outcome = Infeasible(
-                            trial.spec.strategy, trial.spec.gpus, f"trial worker died: {first}"
-                        )
+                        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+                        outcome = Infeasible(trial.spec.strategy, trial.spec.gpus, f"trial worker died: {first}")
                     finish(chain, trial, outcome, trial.gpu_seconds())
             for ref, (chain, trial) in list(waiting_pg.items()):
-                if now - trial.created_s > self.placement_timeout_s:
+                # our own running trials may hold the bundles it waits for: only time it out when
+                # none runs and none finished within the timeout (then the cluster cannot place it)
+                waited = now - max(trial.created_s, last_release)
+                if not running and waited > self.placement_timeout_s:
                     waiting_pg.pop(ref)
                     finish(
                         chain,
@@ -403,9 +392,7 @@ class Profiler:
         rows: list[dict[str, Any]] = []
         for task in tasks:
             sig = sigs[task.name]
-            found = sorted(
-                (t for k, t in measured.items() if k[0] == sig), key=lambda t: (t.strategy, t.gpus)
-            )
+            found = sorted((t for k, t in measured.items() if k[0] == sig), key=lambda t: (t.strategy, t.gpus))
             for t in found:
                 rows.append(
                     {

@@ -35,9 +35,7 @@ def _batch_shapes(batch: Any) -> Any:
     if isinstance(batch, torch.Tensor):
         return [list(batch.shape), str(batch.dtype)]
     if isinstance(batch, Mapping):
-        return {
-            str(k): _batch_shapes(v) for k, v in sorted(batch.items(), key=lambda kv: str(kv[0]))
-        }
+        return {str(k): _batch_shapes(v) for k, v in sorted(batch.items(), key=lambda kv: str(kv[0]))}
     if isinstance(batch, (list, tuple)):
         return [_batch_shapes(v) for v in batch]
     return type(batch).__name__
@@ -64,9 +62,7 @@ def describe_task(task: Task) -> dict[str, Any]:
     }
 
 
-def performance_signature(
-    task: Task, *, hardware: str, settings: Mapping[str, Any] | None = None
-) -> str:
+def performance_signature(task: Task, *, hardware: str, settings: Mapping[str, Any] | None = None) -> str:
     """A 16-hex-digit hash of :func:`describe_task`, the hardware and measurement settings."""
     blob = json.dumps(
         {

@@ -71,14 +71,10 @@ class ProfileStore:
             try:
                 table = pq.read_table(self.path)
             except (pa.ArrowInvalid, OSError) as exc:
-                raise ProfileError(
-                    f"{self.path}: not a readable profile store ({exc}); delete it"
-                ) from None
+                raise ProfileError(f"{self.path}: not a readable profile store ({exc}); delete it") from None
             missing = [f.name for f in _SCHEMA if f.name not in table.column_names]
             if missing:
-                raise ProfileError(
-                    f"{self.path}: profile store lacks column(s) {', '.join(missing)}; delete it"
-                )
+                raise ProfileError(f"{self.path}: profile store lacks column(s) {', '.join(missing)}; delete it")
             for row in table.select(_SCHEMA.names).to_pylist():
                 trial = StoredTrial(**row)
                 self._rows[trial.key] = trial

@@ -95,6 +95,7 @@ class RunningTrial:
     created_s: float
     actors: list[Any] = field(default_factory=list)
     result_ref: Any = None
+    ready_s: float | None = None
     started_s: float | None = None
 
     def start(self, timeout_s: float, startup_timeout_s: float = 300.0) -> None:
@@ -103,6 +104,7 @@ class RunningTrial:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         spec = self.spec
+        self.ready_s = time.monotonic()
         # one 1-GPU bundle per worker on one node; one (gpus/nodes)-GPU bundle per node otherwise
         per_bundle = 1 if spec.nodes == 1 else spec.gpus // spec.nodes
         cls = ray.remote(num_cpus=0, num_gpus=1, max_restarts=0)(_TrialWorker)
@@ -119,9 +121,7 @@ class RunningTrial:
         endpoints = ray.get([a.endpoint.remote() for a in self.actors], timeout=startup_timeout_s)
         addr, port = endpoints[0]
         refs = [
-            a.search.remote(
-                spec.task, spec.strategy, rank, spec.gpus, addr, port, spec.measure_kw, timeout_s
-            )
+            a.search.remote(spec.task, spec.strategy, rank, spec.gpus, addr, port, spec.measure_kw, timeout_s)
             for rank, a in enumerate(self.actors)
         ]
         self.result_ref = refs[0]
@@ -139,7 +139,8 @@ class RunningTrial:
             remove_placement_group(self.pg)
 
     def gpu_seconds(self) -> float:
-        return self.spec.gpus * (time.monotonic() - self.created_s)
+        """GPU-seconds held: from the placement group being ready (bundles reserved) to now."""
+        return 0.0 if self.ready_s is None else self.spec.gpus * (time.monotonic() - self.ready_s)
 
 
 def launch(spec: TrialSpec) -> RunningTrial:
