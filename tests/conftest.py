@@ -29,8 +29,16 @@ def random_instance(seed: int, max_tasks: int = 5, max_nodes: int = 2, max_optio
         steps = rng.randint(1, 5)
         for gpus, k in sorted(configs):
             step = rng.randint(1, 6)
-            rows.append({"task": f"t{t}", "strategy": "ddp", "gpus": gpus, "nodes": k, "steps": steps,
-                         "step_time_s": float(step)})
+            rows.append(
+                {
+                    "task": f"t{t}",
+                    "strategy": "ddp",
+                    "gpus": gpus,
+                    "nodes": k,
+                    "steps": steps,
+                    "step_time_s": float(step),
+                }
+            )
     return ProfileTable.from_rows(rows), cluster
 
 

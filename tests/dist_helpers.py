@@ -19,14 +19,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(
-    rank: int, world: int, port: int, out_dir: str, fn: Callable[..., Any], args: tuple
-) -> None:
+def _entry(rank: int, world: int, port: int, out_dir: str, fn: Callable[..., Any], args: tuple) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         result = fn(rank, *args)
         torch.save(result, os.path.join(out_dir, f"result-{rank}.pt"))
@@ -38,7 +34,4 @@ def run_workers(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
     """``fn(rank, *args)`` on ``world`` processes in one gloo group; returns each rank's result."""
     with tempfile.TemporaryDirectory() as out:
         mp.spawn(_entry, args=(world, free_port(), out, fn, args), nprocs=world, join=True)
-        return [
-            torch.load(os.path.join(out, f"result-{r}.pt"), weights_only=False)
-            for r in range(world)
-        ]
+        return [torch.load(os.path.join(out, f"result-{r}.pt"), weights_only=False) for r in range(world)]

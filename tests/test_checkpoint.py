@@ -42,9 +42,7 @@ def losses_of(task, strategy, d, target, every=2, knobs=None):
 
 
 def state(task, d):
-    runner = get_strategy("single").prepare(
-        build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu"))
-    )
+    runner = get_strategy("single").prepare(build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu")))
     load_checkpoint(latest_checkpoint(d), runner.module, runner.optimizer, d)
     return runner.module.state_dict(), runner.optimizer.state_dict()
 
@@ -54,8 +52,7 @@ CRASH = {
     "before-commit": "ray_saturn.checkpoint.json.dump = lambda *a, **k: os._exit(3)",
     # dies in the middle of DCP writing the tensor files
     "mid-tensors": (
-        "import torch.distributed.checkpoint as dcp\n"
-        "dcp.FileSystemWriter.write_data = lambda *a, **k: os._exit(3)"
+        "import torch.distributed.checkpoint as dcp\ndcp.FileSystemWriter.write_data = lambda *a, **k: os._exit(3)"
     ),
 }
 
@@ -138,9 +135,7 @@ def test_paths_stay_inside_the_checkpoint_folder(tmp_path):
     inside.mkdir()
     os.symlink(outside / "step-000000002", inside / "step-000000009")
     assert latest_step(inside) is None  # a symlinked checkpoint is not followed
-    runner = get_strategy("single").prepare(
-        build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu"))
-    )
+    runner = get_strategy("single").prepare(build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu")))
     with pytest.raises(CheckpointError, match="outside the checkpoint folder"):
         load_checkpoint(outside / "step-000000002", runner.module, runner.optimizer, inside)
     assert checkpoint_path(inside, 3).parent == inside.resolve()

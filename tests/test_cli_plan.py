@@ -24,8 +24,9 @@ def profile_csv(tmp_path, small_profile):
 
 
 def test_plan_json_is_contract_2(capsys, profile_csv, small_profile):
-    code, out, err = run_cli(capsys, "plan", profile_csv, "--nodes", "2", "--gpus-per-node", "2", "--json",
-                             "--time-limit", "5")
+    code, out, err = run_cli(
+        capsys, "plan", profile_csv, "--nodes", "2", "--gpus-per-node", "2", "--json", "--time-limit", "5"
+    )
     assert code == 0, err
     data = json.loads(out)
     assert set(data) >= {"policy", "makespan_s", "lower_bound_s", "solve_time_s", "status", "assignments"}
@@ -38,8 +39,17 @@ def test_plan_json_is_contract_2(capsys, profile_csv, small_profile):
 def test_plan_table_and_heterogeneous_cluster(capsys, tmp_path, profile_csv):
     cfile = tmp_path / "cluster.json"
     cfile.write_text(json.dumps({"nodes": [{"name": "big", "gpus": 4}, {"name": "small", "gpus": 2}]}))
-    code, out, err = run_cli(capsys, "plan", profile_csv, "--cluster", str(cfile), "--policy", "fifo-whole-node",
-                             "-o", str(tmp_path / "plan.json"))
+    code, out, err = run_cli(
+        capsys,
+        "plan",
+        profile_csv,
+        "--cluster",
+        str(cfile),
+        "--policy",
+        "fifo-whole-node",
+        "-o",
+        str(tmp_path / "plan.json"),
+    )
     assert code == 0, err
     assert "makespan" in out and "lower bound" in out and "gap" in out
     plan = Plan.from_json((tmp_path / "plan.json").read_text())
@@ -49,16 +59,30 @@ def test_plan_table_and_heterogeneous_cluster(capsys, tmp_path, profile_csv):
 def test_deterministic_flag_gives_the_same_plan(capsys, profile_csv):
     outs = []
     for _ in range(2):
-        code, out, err = run_cli(capsys, "plan", profile_csv, "--nodes", "2", "--gpus-per-node", "2", "--json",
-                                 "--time-limit", "1", "--deterministic", "--seed", "3")
+        code, out, err = run_cli(
+            capsys,
+            "plan",
+            profile_csv,
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "2",
+            "--json",
+            "--time-limit",
+            "1",
+            "--deterministic",
+            "--seed",
+            "3",
+        )
         assert code == 0, err
         outs.append(json.loads(out)["assignments"])
     assert outs[0] == outs[1]
 
 
 def test_example_profile_plans(capsys):
-    code, out, err = run_cli(capsys, "plan", "--example", "--nodes", "4", "--gpus-per-node", "4", "--json",
-                             "--time-limit", "3")
+    code, out, err = run_cli(
+        capsys, "plan", "--example", "--nodes", "4", "--gpus-per-node", "4", "--json", "--time-limit", "3"
+    )
     assert code == 0, err
     assert len(json.loads(out)["assignments"]) == 24
 
@@ -87,16 +111,33 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, profile_csv, args, m
 
 
 def test_console_script_runs(tmp_path, profile_csv):
-    proc = subprocess.run([sys.executable, "-c", "from ray_saturn.cli import main; raise SystemExit(main())",
-                           "plan", profile_csv, "--nodes", "2", "--gpus-per-node", "2", "--json",
-                           "--time-limit", "2"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from ray_saturn.cli import main; raise SystemExit(main())",
+            "plan",
+            profile_csv,
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "2",
+            "--json",
+            "--time-limit",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["assignments"]
 
 
 def test_profile_round_trip_through_cli(capsys, tmp_path, small_profile):
     pq = small_profile.write(tmp_path / "p.parquet")
-    code, out, _ = run_cli(capsys, "plan", str(pq), "--nodes", "2", "--gpus-per-node", "2", "--json",
-                           "--time-limit", "2")
+    code, out, _ = run_cli(
+        capsys, "plan", str(pq), "--nodes", "2", "--gpus-per-node", "2", "--json", "--time-limit", "2"
+    )
     assert code == 0
     assert ProfileTable.read(pq).tasks == [a["task"] for a in json.loads(out)["assignments"]]

@@ -68,9 +68,12 @@ def test_each_broken_rule_is_caught(small_profile, change, message):
 def test_infeasible_rows_and_small_nodes(small_profile):
     from ray_saturn import ProfileTable
 
-    prof = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 4, "step_time_s": None, "steps": 1,
-                                    "feasible": False},
-                                   {"task": "a", "strategy": "ddp", "gpus": 2, "step_time_s": 1.0, "steps": 1}])
+    prof = ProfileTable.from_rows(
+        [
+            {"task": "a", "strategy": "ddp", "gpus": 4, "step_time_s": None, "steps": 1, "feasible": False},
+            {"task": "a", "strategy": "ddp", "gpus": 2, "step_time_s": 1.0, "steps": 1},
+        ]
+    )
     bad = Plan("x", 1, 0, 0, "feasible", [Assignment("a", "ddp", 4, ("node-0",), 0, 1)])
     with pytest.raises(PlanError, match="marked infeasible"):
         validate_plan(bad, prof, CLUSTER)

@@ -75,8 +75,9 @@ def test_unregistered_strategy_and_infeasible_task(small_profile):
     with pytest.raises(ProfileError, match=r"strategy 'fsdp' is not registered \(registered: ddp\)"):
         small_profile.check_strategies(["ddp"])
     small_profile.check_strategies(["ddp", "fsdp"])
-    t = ProfileTable.from_rows([{"task": "x", "strategy": "ddp", "gpus": 1, "step_time_s": None, "steps": 3,
-                                 "feasible": False}])
+    t = ProfileTable.from_rows(
+        [{"task": "x", "strategy": "ddp", "gpus": 1, "step_time_s": None, "steps": 3, "feasible": False}]
+    )
     with pytest.raises(ProfileError, match="task 'x' has no feasible configuration"):
         t.check_feasible()
 

@@ -219,24 +219,3 @@ def test_a_trial_that_cannot_be_placed_is_infeasible(ray_local):
     assert result.table.get("p", "ddp", 2).feasible
     row = result.table.get("p", "ddp", 4)
     assert not row.feasible and "no placement for 4 GPU(s) on 1 node(s) within 3 s" in row.reason
-
-
-@pytest.mark.ray
-def test_a_trial_spans_two_nodes():
-    """2 GPUs over 2 one-GPU nodes: one bundle per node, workers rendezvous across raylets."""
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 1})
-    try:
-        cluster.add_node(num_cpus=1, num_gpus=1)
-        root = str(Path(ray_saturn.__file__).resolve().parents[1])
-        ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": root}})
-        cluster.wait_for_nodes()
-        spec = ClusterSpec.from_ray()
-        assert gpu_ladder(spec) == [(1, 1), (2, 2)]
-        result = Profiler(spec, strategies=["ddp"], **FAST).run([mlp_task("two-nodes")])
-        row = result.table.get("two-nodes", "ddp", 2, nodes=2)
-        assert row.feasible and row.step_time_s > 0
-    finally:
-        ray.shutdown()
-        cluster.shutdown()

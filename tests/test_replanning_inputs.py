@@ -79,14 +79,18 @@ def test_inconsistent_contexts_are_errors():
 
 
 def test_impossible_tasks_name_the_task():
-    prof = ProfileTable.from_rows([
-        {"task": "huge", "strategy": "ddp", "gpus": 8, "step_time_s": 1.0, "steps": 1},
-        {"task": "fine", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 1},
-    ])
+    prof = ProfileTable.from_rows(
+        [
+            {"task": "huge", "strategy": "ddp", "gpus": 8, "step_time_s": 1.0, "steps": 1},
+            {"task": "fine", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 1},
+        ]
+    )
     with pytest.raises(InfeasibleError, match=r"task 'huge' fits nowhere on this cluster.*2 nodes, at most 4 GPUs"):
         solve(prof, ClusterSpec.uniform(2, 4))
-    prof = ProfileTable.from_rows([
-        {"task": "oom", "strategy": "ddp", "gpus": 1, "step_time_s": None, "steps": 1, "feasible": False},
-    ])
+    prof = ProfileTable.from_rows(
+        [
+            {"task": "oom", "strategy": "ddp", "gpus": 1, "step_time_s": None, "steps": 1, "feasible": False},
+        ]
+    )
     with pytest.raises(InfeasibleError, match="task 'oom' has no feasible configuration"):
         solve(prof, ClusterSpec.uniform(1, 1))

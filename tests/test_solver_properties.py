@@ -28,8 +28,17 @@ def instances(draw):
             for gpus, k in sorted(configs):
                 feasible = draw(st.booleans()) if (gpus, k) != (1, 1) else True
                 step = draw(st.floats(0.001, 100.0, allow_nan=False, allow_infinity=False))
-                rows.append({"task": f"task-{t}", "strategy": strategy, "gpus": gpus, "nodes": k,
-                             "steps": steps, "step_time_s": step if feasible else None, "feasible": feasible})
+                rows.append(
+                    {
+                        "task": f"task-{t}",
+                        "strategy": strategy,
+                        "gpus": gpus,
+                        "nodes": k,
+                        "steps": steps,
+                        "step_time_s": step if feasible else None,
+                        "feasible": feasible,
+                    }
+                )
     profile = ProfileTable.from_rows(rows)
     release = {}
     if draw(st.booleans()):

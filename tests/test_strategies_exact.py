@@ -70,9 +70,7 @@ def job_b(rank, root):
 def weights(root, name, t=None):
     """Final weights of a run, read back into a plain one-process model (any writer layout)."""
     t = t or task()
-    runner = get_strategy("single").prepare(
-        build_model(t), t, {}, WorkerContext(0, 1, torch.device("cpu"))
-    )
+    runner = get_strategy("single").prepare(build_model(t), t, {}, WorkerContext(0, 1, torch.device("cpu")))
     path = os.path.join(root, name)
     load_checkpoint(latest_checkpoint(path), runner.module, runner.optimizer, path)
     return {k: v.clone() for k, v in runner.module.state_dict().items()}
@@ -82,9 +80,7 @@ def weights(root, name, t=None):
 def runs(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("strategies"))
     ref = {"single": train("single", {}, root, "single", STEPS)}
-    ref["long-single"] = train(
-        "single", {}, root, "long-single", LONG, task(batches=8, max_steps=LONG)
-    )
+    ref["long-single"] = train("single", {}, root, "long-single", LONG, task(batches=8, max_steps=LONG))
     ref["chain-single"] = train("single", {}, root, "chain-ref", 12)
     a = run_workers(job_a, 2, root)
     ref.update(a[0])
@@ -104,9 +100,7 @@ def assert_same_weights(a, b, atol=1e-5):
 def test_exact_strategy_matches_one_process(runs, name):
     root, r = runs
     assert len(r[name]) == STEPS
-    torch.testing.assert_close(
-        torch.tensor(r[name]), torch.tensor(r["single"]), rtol=1e-4, atol=1e-6
-    )
+    torch.testing.assert_close(torch.tensor(r[name]), torch.tensor(r["single"]), rtol=1e-4, atol=1e-6)
     assert_same_weights(weights(root, name), weights(root, "single"))
 
 
@@ -115,9 +109,7 @@ def test_spill_matches_one_process(tmp_path):
     for shards in (1, 2, 7):
         got = train("spill", {"shards": shards}, str(tmp_path), f"spill{shards}", STEPS)
         torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-5, atol=1e-7)
-        assert_same_weights(
-            weights(str(tmp_path), f"spill{shards}"), weights(str(tmp_path), "single")
-        )
+        assert_same_weights(weights(str(tmp_path), f"spill{shards}"), weights(str(tmp_path), "single"))
 
 
 def test_reference_really_trains(runs):
@@ -130,9 +122,7 @@ def test_switch_strategy_and_worker_count_mid_training(runs):
     root, r = runs
     chain = r["chain-fsdp"] + r["chain-spill"] + r["chain-pipeline"] + r["chain-ddp"]
     assert len(chain) == 12
-    torch.testing.assert_close(
-        torch.tensor(chain), torch.tensor(r["chain-single"]), rtol=1e-4, atol=1e-6
-    )
+    torch.testing.assert_close(torch.tensor(chain), torch.tensor(r["chain-single"]), rtol=1e-4, atol=1e-6)
     assert_same_weights(weights(root, "chain"), weights(root, "chain-ref"))
 
 
@@ -144,13 +134,9 @@ MARGIN_REL, MARGIN_ABS = 0.25, 0.01
 def test_compressed_ddp_converges_within_margin(runs, name):
     _, r = runs
     exact, got = r["long-ddp"], r[f"long-{name}"]
-    torch.testing.assert_close(
-        torch.tensor(exact), torch.tensor(r["long-single"]), rtol=1e-4, atol=1e-6
-    )
+    torch.testing.assert_close(torch.tensor(exact), torch.tensor(r["long-single"]), rtol=1e-4, atol=1e-6)
     tail_exact = sum(exact[-10:]) / 10
     tail = sum(got[-10:]) / 10
     assert tail < 0.5 * got[0], f"{name} did not train: {got[0]:.4f} -> {tail:.4f}"
-    assert tail <= tail_exact * (1 + MARGIN_REL) + MARGIN_ABS, (
-        f"{name}: {tail:.4f} vs exact {tail_exact:.4f}"
-    )
+    assert tail <= tail_exact * (1 + MARGIN_REL) + MARGIN_ABS, f"{name}: {tail:.4f} vs exact {tail_exact:.4f}"
     assert got != exact, "compression changed nothing; is the hook installed?"

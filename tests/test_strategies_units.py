@@ -33,9 +33,7 @@ CPU = WorkerContext(0, 1, torch.device("cpu"))
 
 def test_builtins_registered_and_unknown_name_lists_them():
     assert strategy_names() == ["ddp", "ddp-compressed", "fsdp", "pipeline", "single", "spill"]
-    with pytest.raises(
-        StrategyError, match=r"'nope' is not registered \(registered: ddp, ddp-compressed"
-    ):
+    with pytest.raises(StrategyError, match=r"'nope' is not registered \(registered: ddp, ddp-compressed"):
         get_strategy("nope")
 
 
@@ -66,9 +64,7 @@ def test_entry_point_plugins_load_and_broken_ones_are_skipped(monkeypatch, caplo
         EntryPoint("sleepy", f"{__name__}:Sleepy", registry.ENTRY_POINT_GROUP),
         EntryPoint("broken", "no_such_module_xyz:Thing", registry.ENTRY_POINT_GROUP),
     ]
-    monkeypatch.setattr(
-        registry, "entry_points", lambda group: eps if group == registry.ENTRY_POINT_GROUP else []
-    )
+    monkeypatch.setattr(registry, "entry_points", lambda group: eps if group == registry.ENTRY_POINT_GROUP else [])
     monkeypatch.setattr(registry, "_entry_points_loaded", False)
     monkeypatch.setattr(registry, "_registry", dict(registry._registry))
     assert get_strategy("sleepy").name == "sleepy"
@@ -101,13 +97,8 @@ def test_search_reports_failures_and_memory_limit():
 
 def test_applies_and_knob_errors():
     task = mlp_task(batch_size=16)
-    assert (
-        get_strategy("ddp").applies(task, 3)
-        == "ddp: batch size 16 does not split evenly over 3 workers"
-    )
-    assert (
-        get_strategy("pipeline").applies(task, 3) is None
-    )  # the pipeline does not split the batch
+    assert get_strategy("ddp").applies(task, 3) == "ddp: batch size 16 does not split evenly over 3 workers"
+    assert get_strategy("pipeline").applies(task, 3) is None  # the pipeline does not split the batch
     assert "at most 1" in get_strategy("spill").applies(task, 2)
     from ray_saturn.toy import faulty_task
 
@@ -123,9 +114,7 @@ def test_applies_and_knob_errors():
 
 
 def test_train_worker_errors(tmp_path):
-    kw = dict(
-        target_step=2, checkpoint_dir=str(tmp_path), checkpoint_every=1, report=lambda r: None
-    )
+    kw = dict(target_step=2, checkpoint_dir=str(tmp_path), checkpoint_every=1, report=lambda r: None)
     with pytest.raises(StrategyError, match="needs at least 2 GPUs"):
         train_worker(mlp_task(), "ddp", {}, **kw)
     with pytest.raises(StrategyError, match="not registered"):
@@ -160,21 +149,15 @@ def test_report_is_called_every_step_with_the_contract_keys(tmp_path):
 @pytest.mark.parametrize("stochastic", [True, False])
 def test_quantiser_round_trip_error_is_bounded(bits, stochastic):
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(10_001, generator=g) * torch.linspace(
-        0.01, 10, 10_001
-    )  # chunks of very different scale
+    x = torch.randn(10_001, generator=g) * torch.linspace(0.01, 10, 10_001)  # chunks of very different scale
     q = quantize(x, bits=bits, bucket_size=128, generator=g, stochastic=stochastic)
     err = (dequantize(q) - x).abs()
     per_elem_scale = q.scales.repeat_interleave(128)[: x.numel()]
     bound = per_elem_scale if stochastic else per_elem_scale / 2
     assert bool((err <= bound * (1 + 1e-5) + 1e-7).all())
-    assert q.codes.numel() == -(
-        -q.mins.numel() * 128 * bits // 8
-    )  # 4-bit codes are packed two per byte
+    assert q.codes.numel() == -(-q.mins.numel() * 128 * bits // 8)  # 4-bit codes are packed two per byte
     assert q.nbytes == q.codes.numel() + 8 * q.mins.numel()  # codes + (min, scale) per chunk
-    assert q.nbytes < x.numel() * 4 * (
-        bits / 32 + 0.02
-    )  # vs float32: 1/4 or 1/8, plus 6% chunk overhead
+    assert q.nbytes < x.numel() * 4 * (bits / 32 + 0.02)  # vs float32: 1/4 or 1/8, plus 6% chunk overhead
 
 
 def test_stochastic_rounding_is_unbiased_and_constant_chunks_exact():
@@ -200,9 +183,7 @@ def test_spill_keeps_one_shard_on_the_compute_device():
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad)
     with pytest.raises(KnobError, match="shards is 7"):
-        SpilledSequential(
-            torch.nn.Sequential(torch.nn.Linear(2, 2)), shards=7, compute=torch.device("cpu")
-        )
+        SpilledSequential(torch.nn.Sequential(torch.nn.Linear(2, 2)), shards=7, compute=torch.device("cpu"))
 
 
 def test_data_stream_resumes_at_any_position():
