@@ -55,8 +55,7 @@ def stage_bounds(model: nn.Sequential, stages: int, split: Any) -> list[int]:
         bounds = [0, *(int(b) for b in split), n]
         if len(bounds) != stages + 1 or any(b >= c for b, c in itertools.pairwise(bounds)):
             raise KnobError(
-                f"pipeline: split {list(split)} must be {stages - 1} increasing "
-                f"child indices in 1..{n - 1}"
+                f"pipeline: split {list(split)} must be {stages - 1} increasing child indices in 1..{n - 1}"
             )
     elif split in ("layers", "params"):
         if len(starts) < stages - 1:
@@ -64,9 +63,7 @@ def stage_bounds(model: nn.Sequential, stages: int, split: Any) -> list[int]:
                 f"pipeline: {stages} stages need {stages} layers with parameters; "
                 f"the model has {len(starts) + int(has_params[0]) if n else 0}"
             )
-        weights = (
-            [1] * n if split == "layers" else [sum(p.numel() for p in c.parameters()) for c in model]
-        )
+        weights = [1] * n if split == "layers" else [sum(p.numel() for p in c.parameters()) for c in model]
         total = sum(weights) or 1
         cum = list(itertools.accumulate(weights))
         bounds = [0]
@@ -78,27 +75,29 @@ def stage_bounds(model: nn.Sequential, stages: int, split: Any) -> list[int]:
             bounds.append(min(allowed, key=lambda b: abs(cum[b - 1] - target)))
         bounds.append(n)
     else:
-        raise KnobError(
-            f"pipeline: split is {split!r}; use 'params', 'layers' or a list of child indices"
-        )
+        raise KnobError(f"pipeline: split is {split!r}; use 'params', 'layers' or a list of child indices")
     for a, b in itertools.pairwise(bounds):
         if not any(has_params[a:b]):
-            raise KnobError(
-                f"pipeline: stage of children {a}..{b - 1} has no parameters; split elsewhere"
-            )
+            raise KnobError(f"pipeline: stage of children {a}..{b - 1} has no parameters; split elsewhere")
     return bounds
 
 
 class _PipelineRunner(Runner):
-    def __init__(self, stage_module, schedule, optimizer, loss_holder, ctx: WorkerContext) -> None:
+    def __init__(
+        self, stage_module, schedule, optimizer, loss_holder, ctx: WorkerContext, microbatches: int = 1
+    ) -> None:
         self.module = stage_module
         self.schedule = schedule
         self.optimizer = optimizer
         self._loss = loss_holder
         self.ctx = ctx
+        self.microbatches = microbatches
 
     def step(self, batch: Any) -> float:
         ctx = self.ctx
+        rows, mb = batch_rows(batch), self.microbatches
+        if rows % mb:  # unequal micro-batches would weigh rows unequally in the averaged gradient
+            raise KnobError(f"pipeline: {mb} micro-batches do not split a batch of {rows} rows evenly")
         batch = to_device(batch, ctx.device)
         self._loss["batch"] = batch
         self.optimizer.zero_grad(set_to_none=True)
@@ -142,18 +141,13 @@ class Pipeline(Strategy):
             kind = type(model).__name__
             return f"pipeline needs an nn.Sequential model; task {task.name!r} builds a {kind}"
         if len(model) < gpus:
-            return (
-                f"pipeline: {gpus} stages need {gpus} layers; "
-                f"task {task.name!r}'s model has {len(model)}"
-            )
+            return f"pipeline: {gpus} stages need {gpus} layers; task {task.name!r}'s model has {len(model)}"
         return None
 
     def check_knobs(self, knobs: Mapping[str, Any] | None) -> dict[str, Any]:
         k = super().check_knobs(knobs)
         if isinstance(k["microbatches"], bool) or int(k["microbatches"]) < 1:
-            raise KnobError(
-                f"pipeline: microbatches is {k['microbatches']!r}; use a whole number >= 1"
-            )
+            raise KnobError(f"pipeline: microbatches is {k['microbatches']!r}; use a whole number >= 1")
         return k
 
     def knob_space(self, task: Task, gpus: int) -> Sequence[Mapping[str, Any]]:
@@ -173,9 +167,7 @@ class Pipeline(Strategy):
         mbs = [m for m in (1, 2, 4, 8) if rows % m == 0] or [1]
         return [self.check_knobs({"microbatches": m, "split": s}) for m in mbs for s in splits]
 
-    def prepare(
-        self, model: nn.Module, task: Task, knobs: Mapping[str, Any], ctx: WorkerContext
-    ) -> Runner:
+    def prepare(self, model: nn.Module, task: Task, knobs: Mapping[str, Any], ctx: WorkerContext) -> Runner:
         from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
         knobs = self.check_knobs(knobs)
@@ -184,9 +176,7 @@ class Pipeline(Strategy):
         bounds = stage_bounds(model, ctx.world_size, knobs["split"])
         names = list(model._modules)
         lo, hi = bounds[ctx.rank], bounds[ctx.rank + 1]
-        stage_module = nn.Sequential(OrderedDict((names[i], model[i]) for i in range(lo, hi))).to(
-            ctx.device
-        )
+        stage_module = nn.Sequential(OrderedDict((names[i], model[i]) for i in range(lo, hi))).to(ctx.device)
         del model
         stage = PipelineStage(stage_module, ctx.rank, ctx.world_size, ctx.device)
         holder: dict[str, Any] = {}
@@ -199,4 +189,4 @@ class Pipeline(Strategy):
         # every stage gets the loss function: without it a schedule runs forward only
         schedule = ScheduleGPipe(stage, n_microbatches=mb, loss_fn=loss_fn)
         optimizer = task.optimizer(stage_module.parameters(), task.hparams)
-        return _PipelineRunner(stage_module, schedule, optimizer, holder, ctx)
+        return _PipelineRunner(stage_module, schedule, optimizer, holder, ctx, mb)
