@@ -27,8 +27,14 @@ log = logging.getLogger(__name__)
 class _TrialWorker:
     """A Ray actor holding one GPU of a trial."""
 
-    def endpoint(self) -> tuple[str, int]:
+    def endpoint(self, strategy: str) -> tuple[str, int]:
+        """This worker's address and a free port, after the heavy imports (not timed as a hang)."""
         import ray
+        import torch.distributed  # noqa: F401
+
+        from ray_saturn.strategies import get_strategy
+
+        get_strategy(strategy)
 
         with socket.socket() as s:
             s.bind(("", 0))
@@ -118,7 +124,7 @@ class RunningTrial:
             for rank in range(spec.gpus)
         ]
         # every worker process is up before the rendezvous (and before the trial's clock starts)
-        endpoints = ray.get([a.endpoint.remote() for a in self.actors], timeout=startup_timeout_s)
+        endpoints = ray.get([a.endpoint.remote(spec.strategy) for a in self.actors], timeout=startup_timeout_s)
         addr, port = endpoints[0]
         refs = [
             a.search.remote(spec.task, spec.strategy, rank, spec.gpus, addr, port, spec.measure_kw, timeout_s)
