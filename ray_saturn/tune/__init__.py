@@ -1,0 +1,35 @@
+"""Ray Tune integration: keep your Tuner and search algorithm; ray_saturn picks how each trial runs.
+
+Add two things to an ordinary Tuner: the trainable :func:`saturn_trainable`
+(which trains a :class:`ray_saturn.Task` built from the trial's config on
+the GPUs it is given) and :class:`SaturnScheduler` wrapped around your
+early-stopping scheduler. Each trial's strategy, GPU count and start order
+come from ray_saturn's plan; trials are planned as they arrive, may be
+resized with checkpoint-restart when a re-plan says so, free their GPUs the
+moment they end (also when ASHA stops them), and land in the ResultGrid as
+usual.
+
+Example:
+    >>> from ray import tune
+    >>> from ray.tune.schedulers import ASHAScheduler
+    >>> from ray_saturn.tune import SaturnScheduler, saturn_trainable
+    >>> # tuner = tune.Tuner(
+    >>> #     saturn_trainable(make_task, report_every=10),
+    >>> #     param_space={"lr": tune.loguniform(1e-4, 1e-2), "width": tune.choice([64, 128])},
+    >>> #     tune_config=tune.TuneConfig(metric="loss", mode="min", num_samples=8,
+    >>> #                                 scheduler=SaturnScheduler(estimate, base_scheduler=ASHAScheduler())),
+    >>> # )
+    >>> # results = tuner.fit()
+"""
+
+from ray_saturn.tune._scheduler import GpuEvent, SaturnScheduler, TuneIntegrationError
+from ray_saturn.tune._trainable import TUNE_STRATEGIES, TrialTrainingError, saturn_trainable
+
+__all__ = [
+    "TUNE_STRATEGIES",
+    "GpuEvent",
+    "SaturnScheduler",
+    "TrialTrainingError",
+    "TuneIntegrationError",
+    "saturn_trainable",
+]
