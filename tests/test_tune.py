@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import functools
-
 import time
 
 import pytest
+
 from ray_saturn import ClusterSpec
 from ray_saturn.tune import SaturnScheduler, TuneIntegrationError, saturn_trainable
 from ray_saturn.workloads.regression import regression_task

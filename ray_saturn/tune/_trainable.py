@@ -82,9 +82,9 @@ def _shard(batch: Any, rank: int, ways: int) -> Any:
 def _worker(rank: int, ways: int, port: int, task_bytes: bytes, state_path: str | None, target: int,
             report_every: int, out_dir: str, queue: Any) -> None:
     """One training process (rank ``rank`` of ``ways``); rank 0 sends progress through ``queue``."""
-    from ray import cloudpickle
     import torch
     import torch.distributed as dist
+    from ray import cloudpickle
 
     task: Task = cloudpickle.loads(task_bytes)
     torch.set_num_threads(1)
@@ -153,9 +153,8 @@ def _free_port() -> int:
 
 
 def _run_trial(make_task: Callable[[dict], Task], config: dict, report_every: int) -> None:
-    from ray import cloudpickle
     import torch.multiprocessing as mp
-    from ray import tune
+    from ray import cloudpickle, tune
     from ray.tune import Checkpoint
 
     decision = dict(config.get("_saturn") or {})
