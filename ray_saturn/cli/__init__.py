@@ -16,7 +16,7 @@ import sys
 from ray_saturn.errors import SaturnError
 
 #: Subcommand modules, in help order.
-SUBCOMMANDS = ("plan", "profile", "simulate")
+SUBCOMMANDS = ("demo", "plan", "profile", "simulate")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,140 @@
+"""Demo pieces: the shipped workloads train for real, plans against the baseline, report and Gantt chart."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+
+import pytest
+import torch
+
+import ray_saturn
+from ray_saturn import ClusterSpec, ProfileTable
+from ray_saturn.demo import DemoError, demo_tasks, plan_with_baseline, run_demo, watch_progress
+from ray_saturn.report import ReportError, RunReport, gantt_png, render
+from ray_saturn.workloads.text import corpus, gpt_task, vocabulary
+from ray_saturn.workloads.vision import cnn_task
+
+
+def _train(task, steps):
+    torch.manual_seed(0)
+    model = task.model(task.hparams)
+    opt = task.optimizer(model.parameters(), task.hparams)
+    data = task.data(task.hparams)
+    losses = []
+    for s in range(steps):
+        batch = data[s % len(data)]
+        opt.zero_grad()
+        loss = task.loss(model(batch[0]), batch)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_corpus_is_shipped_and_small():
+    text = corpus()
+    assert 5_000 < len(text.encode()) < 400_000
+    assert "Four score and seven years ago" in text
+    assert len(vocabulary()) < 100
+
+
+@pytest.mark.parametrize(
+    "task",
+    [gpt_task(width=32, lr=3e-3, context=32, max_steps=40), cnn_task(channels=8, lr=1e-2, max_steps=40)],
+    ids=lambda t: t.name,
+)
+def test_workloads_learn(task):
+    losses = _train(task, 40)
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < 0.85 * first, (first, last)
+
+
+def test_demo_tasks_are_two_families_with_distinct_names():
+    tasks = demo_tasks(steps=10)
+    names = [t.name for t in tasks]
+    assert len(set(names)) == len(names) == 6
+    assert {n.split("-")[0] for n in names} == {"gpt", "cnn"}
+    assert all(t.total_steps == 10 for t in tasks)
+
+
+def _profile():
+    rows = []
+    for i in range(6):
+        for gpus, st in ((1, 1.0), (2, 0.6), (4, 0.4)):  # sub-linear: whole-node wastes GPUs
+            rows.append({"task": f"t{i}", "strategy": "ddp" if gpus > 1 else "single", "gpus": gpus,
+                         "step_time_s": st, "steps": 10})
+    return ProfileTable.from_rows(rows)
+
+
+def test_saturn_plan_beats_the_whole_node_baseline():
+    cluster = ClusterSpec.uniform(1, 4)
+    planned, baseline = plan_with_baseline(_profile(), cluster, time_limit_s=2)
+    assert planned.policy == "saturn" and baseline.policy == "fifo-whole-node"
+    assert planned.lower_bound_s <= planned.makespan_s < baseline.makespan_s
+    assert baseline.makespan_s == pytest.approx(6 * 10 * 0.4)
+
+
+def _state():
+    def seg(strategy, gpus, start, end):
+        return {"attempt": 0, "strategy": strategy, "gpus": gpus, "nodes": ["node-0"], "launch_s": start,
+                "first_step_s": start + 1, "end_s": end, "status": "finished", "steps_start": 0}
+
+    return {
+        "driver_state": "finished", "replans": 2, "moves": 1, "planned_makespan_s": 20.0,
+        "tasks": {
+            "t0": {"state": "finished", "loss": 1.5, "steps_done": 10, "total_steps": 10, "strategy": "single",
+                   "gpus": 1, "segments": [seg("ddp", 2, 0.0, 4.0), seg("single", 1, 5.0, 12.0)]},
+            "t1": {"state": "finished", "loss": 0.25, "steps_done": 10, "total_steps": 10,
+                   "segments": [seg("ddp", 2, 0.0, 9.0)]},
+        },
+    }
+
+
+def test_report_table_and_gantt(tmp_path):
+    (tmp_path / "state.json").write_text(json.dumps(_state()))
+    planned, baseline = plan_with_baseline(
+        ProfileTable.from_rows([{"task": t, "strategy": "ddp", "gpus": 2, "step_time_s": 1.0, "steps": 9}
+                                for t in ("t0", "t1")]), ClusterSpec.uniform(1, 4), time_limit_s=1)
+    report = RunReport.from_run_dir(tmp_path, planned=planned, baseline=baseline)
+    assert report.realised_makespan_s == 12.0 and report.moves == 1
+    t0 = next(t for t in report.tasks if t.task == "t0")
+    assert (t0.strategy, t0.gpus, t0.start_s, t0.end_s, t0.final_loss) == ("single", 1, 0.0, 12.0, 1.5)
+    from rich.console import Console
+
+    buf = io.StringIO()
+    render(report, Console(file=buf, width=140))
+    text = buf.getvalue()
+    for needle in ("t0", "t1", "single (2 segments)", "lower bound", "fifo-whole-node", "1.500", "12.0s"):
+        assert needle in text, needle
+    png = gantt_png(report, tmp_path / "gantt.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert json.loads(json.dumps(report.to_dict()))["tasks"][0]["segments"]
+
+
+def test_report_errors_are_one_line(tmp_path):
+    with pytest.raises(ReportError, match="no such file"):
+        RunReport.from_run_dir(tmp_path)
+    (tmp_path / "state.json").write_text(json.dumps({"tasks": {"a": {"segments": [{"gpus": 1}]}}}))
+    with pytest.raises(ReportError, match="malformed segment"):
+        RunReport.from_run_dir(tmp_path)
+
+
+def test_progress_display_follows_the_state_file(tmp_path):
+    from rich.console import Console
+
+    (tmp_path / "state.json").write_text(json.dumps(_state()))
+    buf = io.StringIO()
+    stop = threading.Event()
+    stop.set()  # one refresh, then return
+    watch_progress(tmp_path, {"t0": 10, "t1": 10}, stop, Console(file=buf, width=120), interval_s=0.01)
+    out = buf.getvalue()
+    assert "t0 finished singlex1" in out and "10/10" in out
+
+
+@pytest.mark.skipif(callable(getattr(ray_saturn, "run", None)) and callable(getattr(ray_saturn, "profile", None)),
+                    reason="runtime and profiler present: the end-to-end demo runs in release/demo_wall_time.py")
+def test_demo_says_what_is_missing(tmp_path):
+    with pytest.raises(DemoError, match="ray_saturn.run"):
+        run_demo(tmp_path)
