@@ -136,5 +136,5 @@ def test_progress_display_follows_the_state_file(tmp_path):
 @pytest.mark.skipif(callable(getattr(ray_saturn, "run", None)) and callable(getattr(ray_saturn, "profile", None)),
                     reason="runtime and profiler present: the end-to-end demo runs in release/demo_wall_time.py")
 def test_demo_says_what_is_missing(tmp_path):
-    with pytest.raises(DemoError, match="ray_saturn.run"):
+    with pytest.raises(DemoError, match=r"ray_saturn\.run"):
         run_demo(tmp_path)
