@@ -1,0 +1,126 @@
+"""`ray job submit` against a real head node started with `ray start --head --num-gpus=N` (token auth on).
+
+The head node runs with its own temp dir (so no other Ray user on the machine
+picks it up as "the current cluster") and is stopped by ending the `ray start
+--block` process group this test started, never with a machine-wide `ray stop`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _small_working_dir(dest: Path) -> Path:
+    """Only what the job needs: the package and the examples (no tests, caches, results)."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.parquet")
+    shutil.copytree(REPO / "ray_saturn", dest / "ray_saturn", ignore=ignore)
+    shutil.copytree(REPO / "examples", dest / "examples", ignore=ignore)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def head_node():
+    temp_dir = Path(tempfile.gettempdir()) / f"rsj-{uuid.uuid4().hex[:6]}"
+    gcs_port, dash_port = _free_port(), _free_port()
+    # Token authentication on, for the head node and for the `ray job submit` client (which only sends the
+    # token from ~/.ray/auth_token when RAY_AUTH_MODE=token).
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_AUTH_MODE": "token"}
+    env.pop("RAY_ADDRESS", None)
+    log = open(temp_dir.with_suffix(".log"), "w")  # noqa: SIM115 - closed in the finaliser
+    proc = subprocess.Popen(
+        [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs_port}", "--num-cpus=2", "--num-gpus=2",
+         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}", f"--temp-dir={temp_dir}",
+         "--include-dashboard=true"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    address = f"http://127.0.0.1:{dash_port}"
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                text = temp_dir.with_suffix('.log').read_text()
+                raise RuntimeError(f"ray start exited with {proc.returncode}: {text}")
+            try:
+                with socket.create_connection(("127.0.0.1", dash_port), timeout=1):
+                    break
+            except OSError:
+                time.sleep(1)
+        else:
+            raise RuntimeError("the head node's dashboard did not come up within 90 s")
+        yield address, env
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the process group of our own `ray start --block`
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def submit_and_wait(address: str, env: dict, workdir: Path, entrypoint: list[str], timeout_s: float = 400):
+    """Submit with the `ray job submit` CLI, poll `ray job status` until it ends; return (status, logs)."""
+    job_id = f"saturn-{uuid.uuid4().hex[:8]}"
+    ray = str(BIN / "ray")
+    submit = subprocess.run(
+        [ray, "job", "submit", f"--address={address}", f"--submission-id={job_id}", "--no-wait",
+         "--working-dir", ".", "--", *entrypoint],
+        cwd=workdir, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    status = ""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done = subprocess.run([ray, "job", "status", f"--address={address}", job_id], env=env,
+                              capture_output=True, text=True, timeout=60)
+        status = done.stdout + done.stderr
+        if any(s in status for s in ("SUCCEEDED", "FAILED", "STOPPED")):
+            break
+        time.sleep(2)
+    logs = subprocess.run([ray, "job", "logs", f"--address={address}", job_id], env=env, capture_output=True,
+                          text=True, timeout=60).stdout
+    return status, logs
+
+
+@pytest.mark.ray
+def test_entry_point_runs_as_a_submitted_job_and_prints_the_plan(head_node, tmp_path):
+    address, env = head_node
+    workdir = _small_working_dir(tmp_path / "job")
+    status, logs = submit_and_wait(address, env, workdir, ["python", "examples/job_submit.py", "--plan-only",
+                                                           "--time-limit", "3"])
+    assert "SUCCEEDED" in status, status + logs[-4000:]
+    assert "ray_saturn plan:" in logs and '"makespan_s"' in logs and '"lower_bound_s"' in logs, logs[-4000:]
+    cluster = json.loads(logs.split("ray_saturn cluster:", 1)[1].splitlines()[0])
+    assert sum(n["gpus"] for n in cluster["nodes"]) == 2  # the head node's --num-gpus
+
+
+def test_submit_without_the_token_is_refused(head_node, tmp_path):
+    address, env = head_node
+    env = {**env, "RAY_AUTH_TOKEN": "not-the-token"}
+    submit = subprocess.run(
+        [str(BIN / "ray"), "job", "list", f"--address={address}"], env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert submit.returncode != 0
+    assert "auth" in (submit.stdout + submit.stderr).lower()
