@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import socket
@@ -76,12 +77,12 @@ def main() -> int:
             done = subprocess.run([ray, "job", "status", f"--address={address}", job_id], env=env,
                                   capture_output=True, text=True, timeout=60)
             status = done.stdout + done.stderr
-            if any(s in status for s in ("SUCCEEDED", "FAILED", "STOPPED")):
+            if re.search(r"Job '[^']+' (succeeded|failed|stopped)", status):
                 break
             time.sleep(3)
         logs = subprocess.run([ray, "job", "logs", f"--address={address}", job_id], env=env, capture_output=True,
                               text=True, timeout=60).stdout
-        ok = "SUCCEEDED" in status and "ray_saturn first plan:" in logs and '"lower_bound_s"' in logs
+        ok = f"Job '{job_id}' succeeded" in status and "ray_saturn first plan:" in logs and '"lower_bound_s"' in logs
         print("\n".join(line for line in logs.splitlines() if line.startswith(("ray_saturn", "trial ", "best:"))))
         print(f"head node up in {t_up - t0:.0f}s; job {'SUCCEEDED' if ok else 'FAILED'} after "
               f"{time.monotonic() - t_up:.0f}s")

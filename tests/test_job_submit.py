@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -49,7 +50,7 @@ def head_node():
     env.pop("RAY_ADDRESS", None)
     log = open(temp_dir.with_suffix(".log"), "w")  # noqa: SIM115 - closed in the finaliser
     proc = subprocess.Popen(
-        [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs_port}", "--num-cpus=2", "--num-gpus=2",
+        [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs_port}", "--num-cpus=2", "--num-gpus=4",
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}", f"--temp-dir={temp_dir}",
          "--include-dashboard=true"],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -96,24 +97,24 @@ def submit_and_wait(address: str, env: dict, workdir: Path, entrypoint: list[str
         done = subprocess.run([ray, "job", "status", f"--address={address}", job_id], env=env,
                               capture_output=True, text=True, timeout=60)
         status = done.stdout + done.stderr
-        if any(s in status for s in ("SUCCEEDED", "FAILED", "STOPPED")):
+        if re.search(r"Job '[^']+' (succeeded|failed|stopped)", status):
             break
         time.sleep(2)
     logs = subprocess.run([ray, "job", "logs", f"--address={address}", job_id], env=env, capture_output=True,
                           text=True, timeout=60).stdout
-    return status, logs
+    return job_id, status, logs
 
 
 @pytest.mark.ray
 def test_entry_point_runs_as_a_submitted_job_and_prints_the_plan(head_node, tmp_path):
     address, env = head_node
     workdir = _small_working_dir(tmp_path / "job")
-    status, logs = submit_and_wait(address, env, workdir, ["python", "examples/job_submit.py", "--plan-only",
+    job_id, status, logs = submit_and_wait(address, env, workdir, ["python", "examples/job_submit.py", "--plan-only",
                                                            "--time-limit", "3"])
-    assert "SUCCEEDED" in status, status + logs[-4000:]
+    assert f"Job '{job_id}' succeeded" in status, status + logs[-4000:]
     assert "ray_saturn plan:" in logs and '"makespan_s"' in logs and '"lower_bound_s"' in logs, logs[-4000:]
     cluster = json.loads(logs.split("ray_saturn cluster:", 1)[1].splitlines()[0])
-    assert sum(n["gpus"] for n in cluster["nodes"]) == 2  # the head node's --num-gpus
+    assert sum(n["gpus"] for n in cluster["nodes"]) == 4  # the head node's --num-gpus
 
 
 def test_submit_without_the_token_is_refused(head_node, tmp_path):
