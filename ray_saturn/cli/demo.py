@@ -15,7 +15,7 @@ import tempfile
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="run a small model-selection workload end to end", description=__doc__)
     p.add_argument("--gpus", type=int, default=4, help="(logical) GPUs of the embedded Ray (4)")
-    p.add_argument("--steps", type=int, default=120, help="optimizer steps per task (120)")
+    p.add_argument("--steps", type=int, default=200, help="optimizer steps per task (200)")
     p.add_argument("--out", metavar="DIR", help="output folder (default: a new temporary folder)")
     p.add_argument("--no-progress", action="store_true", help="no live progress bars")
     p.add_argument("--json", action="store_true", help="also print the report as one JSON object")
