@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -142,7 +143,7 @@ def run_demo(
     from rich.console import Console
 
     profile_fn, run_fn = _runtime()
-    console = console or Console()
+    console = console or Console(width=None if sys.stdout.isatty() else 140)
     if gpus < 1:
         raise DemoError(f"--gpus is {gpus}; the demo needs at least 1 (logical) GPU")
     if ray.is_initialized():

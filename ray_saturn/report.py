@@ -49,6 +49,7 @@ class Segment:
     nodes: tuple[str, ...]
     start_s: float
     end_s: float | None
+    first_step_s: float | None = None  # when training began (after start-up); None if unknown
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,8 @@ class RunReport:
             try:
                 segs = tuple(
                     Segment(str(s["strategy"]), int(s["gpus"]), tuple(s.get("nodes") or ()), float(s["launch_s"]),
-                            None if s.get("end_s") is None else float(s["end_s"]))
+                            None if s.get("end_s") is None else float(s["end_s"]),
+                            None if s.get("first_step_s") is None else float(s["first_step_s"]))
                     for s in rec.get("segments", [])
                 )
             except (KeyError, TypeError, ValueError) as exc:
@@ -213,7 +215,10 @@ def render(report: RunReport, console: Any = None) -> None:
 
 
 def gantt_png(report: RunReport, path: str | os.PathLike[str]) -> Path:
-    """Write a Gantt chart PNG: the plan made before the run (top) against what ran (bottom)."""
+    """Write a Gantt chart PNG: the plan made before the run (top) against what ran (bottom).
+
+    In the actual panel the hatched part of a bar is start-up (launch to first step).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -225,8 +230,11 @@ def gantt_png(report: RunReport, path: str | os.PathLike[str]) -> Path:
     colours = plt.get_cmap("tab20")
     colour = {n: colours(i % 20) for i, n in enumerate(names)}
     rows = {n: i for i, n in enumerate(names)}
-    panels = [("actual", [(t.task, s.strategy, s.gpus, s.start_s, s.end_s if s.end_s is not None else s.start_s)
-                          for t in report.tasks for s in t.segments])]
+    panels = [("actual (hatched: start-up before the first step)",
+               [(t.task, s.strategy, s.gpus, s.start_s, s.end_s if s.end_s is not None else s.start_s)
+                for t in report.tasks for s in t.segments])]
+    startup = [(t.task, s.start_s, s.first_step_s) for t in report.tasks for s in t.segments
+               if s.first_step_s is not None and s.first_step_s > s.start_s]
     if report.planned is not None:
         panels.insert(0, (f"planned ({report.planned.policy})",
                           [(a.task, a.strategy, a.gpus, a.start_s, a.end_s) for a in report.planned.assignments]))
@@ -238,6 +246,10 @@ def gantt_png(report: RunReport, path: str | os.PathLike[str]) -> Path:
             ax.barh(rows[task], end - start, left=start, color=colour[task], edgecolor="black", linewidth=0.5)
             ax.text(start + (end - start) / 2, rows[task], f"{strategy}x{gpus}", ha="center", va="center",
                     fontsize=7)
+        if title.startswith("actual"):
+            for task, start, first in startup:
+                ax.barh(rows[task], first - start, left=start, color="white", alpha=0.6, hatch="///",
+                        edgecolor="black", linewidth=0.5)
         ax.set_yticks(range(len(names)), names, fontsize=8)
         ax.invert_yaxis()
         ax.set_title(title, fontsize=10)
