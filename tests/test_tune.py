@@ -176,6 +176,13 @@ def test_tuner_with_asha_runs_every_trial_within_the_cluster(ray_4gpus, tmp_path
     used, peak = _used(scheduler.gpu_events)
     assert used == 0 and 0 < peak <= 4
     assert len(scheduler.plans) >= 6  # planned online, once per arrival at least
+    # No nested placement groups: the only placement groups are the trials' own, one bundle each, one per start.
+    from ray.util import placement_group_table
+
+    groups = list(placement_group_table().values())
+    starts = [e for e in scheduler.gpu_events if e.gpus > 0]
+    assert 0 < len(groups) <= len(starts)
+    assert all(len(g["bundles"]) == 1 for g in groups), [g["bundles"] for g in groups]
     # Nothing kept GPUs after the run (no paused trial or leaked placement group holds them).
     deadline = time.monotonic() + 20
     while ray.available_resources().get("GPU", 0) < 4 and time.monotonic() < deadline:
