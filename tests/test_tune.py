@@ -105,7 +105,7 @@ def test_replan_moves_a_running_trial_and_paused_trial_gives_gpus_back(patched_t
     tc.trials.append(a)
     s.on_trial_add(tc, a)
     assert s.choose_trial_to_run(tc) is a
-    assert a.config["_saturn"] == {"strategy": "ddp", "gpus": 2}  # alone: the faster 2-GPU plan
+    assert a.config["_saturn"]["strategy"] == "ddp" and a.config["_saturn"]["gpus"] == 2  # alone: 2 GPUs faster
     a.status = FakeTrial.RUNNING
     for i in range(1):  # another arrives: 1 GPU each is better
         t = FakeTrial(f"b{i}", {"width": 64, "lr": 0.1})
@@ -123,8 +123,10 @@ def test_replan_moves_a_running_trial_and_paused_trial_gives_gpus_back(patched_t
 def test_bad_estimates_are_one_line_errors(patched_trial):
     tc = FakeController()
     t = FakeTrial("x", {"width": 16, "lr": 0.1})
-    with pytest.raises(TuneIntegrationError, match="no single-node row"):
-        SaturnScheduler(lambda c: [{"strategy": "fsdp", "gpus": 2, "step_time_s": 1, "steps": 3}],
+    with pytest.raises(TuneIntegrationError, match="no feasible single-node row"):
+        SaturnScheduler(lambda c: [{"strategy": "magic", "gpus": 2, "step_time_s": 1, "steps": 3},
+                                   {"strategy": "ddp", "gpus": 4, "nodes": 2, "step_time_s": 1, "steps": 3},
+                                   {"strategy": "single", "gpus": 2, "step_time_s": 1, "steps": 3}],
                         cluster=ClusterSpec.uniform(1, 2)).on_trial_add(tc, t)
     with pytest.raises(TuneIntegrationError, match="lacks"):
         SaturnScheduler(lambda c: [{"strategy": "single"}], cluster=ClusterSpec.uniform(1, 2)).on_trial_add(tc, t)

@@ -23,13 +23,13 @@ Example:
 """
 
 from ray_saturn.tune._scheduler import GpuEvent, SaturnScheduler, TuneIntegrationError
-from ray_saturn.tune._trainable import TUNE_STRATEGIES, TrialTrainingError, saturn_trainable
+from ray_saturn.tune._trainable import TrialTrainingError, saturn_trainable, tune_strategies
 
 __all__ = [
-    "TUNE_STRATEGIES",
     "GpuEvent",
     "SaturnScheduler",
     "TrialTrainingError",
     "TuneIntegrationError",
     "saturn_trainable",
+    "tune_strategies",
 ]

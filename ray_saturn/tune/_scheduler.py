@@ -33,6 +33,7 @@ must be False (a cached actor would keep its GPUs); this is checked.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -50,7 +51,8 @@ from ray_saturn.metrics import RunMetrics
 from ray_saturn.plan import Plan
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.spec import ClusterSpec
-from ray_saturn.tune._trainable import TUNE_STRATEGIES
+from ray_saturn.strategies import get_strategy
+from ray_saturn.tune._trainable import tune_strategies
 
 __all__ = ["GpuEvent", "SaturnScheduler", "TuneIntegrationError"]
 
@@ -111,10 +113,9 @@ class SaturnScheduler(TrialScheduler):
     Args:
         estimate: ``config -> rows``, each row ``{"strategy", "gpus",
             "step_time_s", "steps"}`` (seconds per optimizer step on that
-            many GPUs, and the trial's total steps). A profile table, the
-            profiler's output or a model of your own all fit; rows with
-            strategies a Tune trial cannot run (anything but
-            ``single``/``ddp``) are ignored.
+            many GPUs, and the trial's total steps; optional ``knobs``,
+            ``feasible``, ``nodes``). Rows of ``ray_saturn.profile`` fit as
+            they are; multi-node rows are ignored (a trial is one bundle).
         base_scheduler: the early-stopping scheduler (e.g. ``ASHAScheduler``);
             default FIFO.
         cluster: the GPUs the trials may use; default: the connected Ray
@@ -322,20 +323,22 @@ class SaturnScheduler(TrialScheduler):
             missing = [k for k in ("strategy", "gpus", "step_time_s", "steps") if k not in r]
             if missing:
                 raise TuneIntegrationError(f"estimate row {dict(r)!r} for trial {trial_id} lacks {', '.join(missing)}")
-            if r["strategy"] not in TUNE_STRATEGIES or int(r.get("nodes", 1)) != 1 or not r.get("feasible", True):
+            if r["strategy"] not in tune_strategies() or int(r.get("nodes", 1)) != 1 or not r.get("feasible", True):
                 continue
-            if (r["strategy"] == "single") != (int(r["gpus"]) == 1):
-                continue
+            if get_strategy(r["strategy"]).applies(None, int(r["gpus"])):
+                continue  # e.g. single on 2 GPUs
             if not float(r["step_time_s"]) > 0 or int(r["steps"]) < 1:
                 raise TuneIntegrationError(f"estimate row {dict(r)!r} for trial {trial_id}: step_time_s and steps > 0")
-            rows.append(
-                {"strategy": str(r["strategy"]), "gpus": int(r["gpus"]), "step_time_s": float(r["step_time_s"])}
-            )
+            knobs = r.get("knobs") or {}
+            if isinstance(knobs, str):
+                knobs = json.loads(knobs) if knobs else {}
+            rows.append({"strategy": str(r["strategy"]), "gpus": int(r["gpus"]), "step_time_s": float(r["step_time_s"]),
+                         "knobs": dict(knobs)})
             steps.add(int(r["steps"]))
         if not rows:
             raise TuneIntegrationError(
-                f"trial {trial_id}: the estimate has no single-node row with strategy {' or '.join(TUNE_STRATEGIES)}"
-                " (single on 1 GPU, ddp on more)"
+                f"trial {trial_id}: the estimate has no feasible single-node row with a registered strategy "
+                f"({', '.join(tune_strategies())})"
             )
         if len(steps) != 1:
             raise TuneIntegrationError(f"trial {trial_id}: estimate rows disagree on steps ({sorted(steps)})")
@@ -398,7 +401,8 @@ class SaturnScheduler(TrialScheduler):
             bundle[f"node:{ip}"] = 0.001
         trial.placement_group_factory = None
         trial.update_resources(PlacementGroupFactory([bundle], strategy="STRICT_PACK"))
-        trial.config["_saturn"] = {"strategy": strategy, "gpus": gpus}
+        knobs = next((r["knobs"] for r in info.rows if r["strategy"] == strategy and r["gpus"] == gpus), {})
+        trial.config["_saturn"] = {"strategy": strategy, "gpus": gpus, "knobs": knobs}
         trial.invalidate_json_state()
         info.current = (strategy, gpus, node)
         self._get_ledger().held[trial.trial_id] = (node, gpus)
