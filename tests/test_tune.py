@@ -172,6 +172,8 @@ def test_tuner_with_asha_runs_every_trial_within_the_cluster(ray_4gpus, tmp_path
         assert r.metrics["saturn_gpus"] == r.config["_saturn"]["gpus"]
         assert r.checkpoint is not None
         assert r.metrics["loss"] == r.metrics["loss"]  # not NaN
+    # Width 64 is 3x faster on 2 GPUs: those trials ran DDP over 2 local processes.
+    assert any(r.config["_saturn"]["strategy"] == "ddp" and r.metrics["saturn_gpus"] == 2 for r in grid)
     iters = sorted(r.metrics["training_iteration"] for r in grid)
     assert iters[-1] == 4 and iters[0] < 4  # ASHA stopped some trials early, others ran to max_t
     # The ledger never held more than the cluster and ends empty: every trial gave its GPUs back.
