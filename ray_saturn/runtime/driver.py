@@ -1,0 +1,750 @@
+"""The driver: an explicit state machine that executes a plan and keeps it current.
+
+States (one small class each; :meth:`Driver.step` runs one iteration)::
+
+    Planning --> Launching --> Running --> Replanning --> Moving --> Launching ...
+                                  |                                     |
+                                  +--> Finished / Failed <--------------+
+
+- :class:`Planning`: the control plane makes the first plan and says what to
+  launch now.
+- :class:`Launching`: every pending launch whose GPUs the ledger can give is
+  reserved (placement-group hold) and, once the hold is placed, launched.
+- :class:`Running`: polls the launcher; progress goes to the control plane
+  (which flags tasks >10% off their estimate), exits, node changes and
+  wake-ups are collected as events.
+- :class:`Replanning`: the collected events go to the control plane, which
+  re-plans when they call for it and answers with stops (moves) and launches.
+- :class:`Moving`: moved tasks are checkpointed and stopped; their GPUs come
+  back to the ledger when they have exited.
+- :class:`Finished` / :class:`Failed`: terminal.
+
+The decisions (when to re-plan, what the solver is given, whether a move
+pays for its restart, what to launch now) are the control plane's
+(:class:`ray_saturn.control.controller.Controller`), the same objects the
+simulator runs on its clock. The driver does what only a runtime can:
+reserve GPUs, launch and stop segments, measure, persist, log.
+
+Clock: the driver works in *profile seconds* since the run started,
+``(wall - start) / time_scale`` (``time_scale`` is 1 except in emulation).
+
+Example:
+    >>> from ray_saturn import ProfileTable, ClusterSpec
+    >>> from ray_saturn.runtime.fake import FakeLauncher, LedgerManager
+    >>> import tempfile
+    >>> prof = ProfileTable.from_rows([
+    ...     {"task": "a", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 10}])
+    >>> cluster = ClusterSpec.uniform(1, 1)
+    >>> d = Driver(prof, LedgerManager(cluster), FakeLauncher(), RunStorage(tempfile.mkdtemp()),
+    ...            DriverConfig(solver_time_limit_s=1))
+    >>> d.run().state
+    'finished'
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from ray_saturn.errors import SaturnError
+from ray_saturn.profile_table import Config, ProfileTable
+from ray_saturn.runtime.launcher import Exited, Launcher, LaunchSpec, Progress, Started
+from ray_saturn.runtime.ledger import LedgerError
+from ray_saturn.runtime.storage import RunStorage
+
+__all__ = [
+    "Driver",
+    "DriverConfig",
+    "DriverResult",
+    "Failed",
+    "Finished",
+    "Launching",
+    "Moving",
+    "Planning",
+    "Replanning",
+    "Running",
+    "SegmentRecord",
+    "TaskRecord",
+]
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "state.json"
+EVENTS_FILE = "events.jsonl"
+PLAN_FILE = "plan.json"
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    """Settings of one run. Times are driver-clock (profile) seconds unless they say wall.
+
+    Example:
+        >>> DriverConfig(policy="saturn-static").policy
+        'saturn-static'
+    """
+
+    policy: str = "saturn-replan"
+    solver_time_limit_s: float = 10.0
+    checkpoint_interval_s: float = 60.0
+    restart_s: float = 30.0
+    max_failures: int = 3
+    min_replan_gap_s: float = 0.0
+    poll_wall_s: float = 0.2
+    node_check_wall_s: float = 1.0
+    persist_wall_s: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("solver_time_limit_s", "checkpoint_interval_s", "poll_wall_s"):
+            if not getattr(self, name) > 0:
+                raise SaturnError(f"DriverConfig.{name} is {getattr(self, name)}; it must be > 0")
+        if self.restart_s < 0 or self.max_failures < 0:
+            raise SaturnError("DriverConfig.restart_s and max_failures must be >= 0")
+
+
+@dataclass
+class SegmentRecord:
+    """One stretch of a task on one configuration (driver-clock seconds)."""
+
+    attempt: int
+    strategy: str
+    gpus: int
+    nodes: list[str]
+    launch_s: float
+    first_step_s: float | None = None
+    end_s: float | None = None
+    status: str = "launching"
+    steps_start: int = 0
+    steps_end: int | None = None
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TaskRecord:
+    """What the driver knows of one task, in absolute steps (persisted in state.json)."""
+
+    task: str
+    total_steps: int
+    state: str = "queued"
+    steps_done: int = 0
+    checkpointed_step: int = 0
+    step_time_s: float | None = None
+    planned_step_time_s: float | None = None
+    loss: float | None = None
+    reason: str = ""
+    attempts: int = 0
+    segments: list[SegmentRecord] = field(default_factory=list)
+
+    @property
+    def current(self) -> SegmentRecord | None:
+        return self.segments[-1] if self.segments and self.segments[-1].end_s is None else None
+
+    def eta_s(self, now: float) -> float | None:
+        if self.state == "finished":
+            return 0.0
+        st = self.step_time_s or self.planned_step_time_s
+        if st is None:
+            return None
+        return (self.total_steps - self.steps_done) * st
+
+    def to_dict(self, now: float) -> dict[str, Any]:
+        cur = self.current
+        last = self.segments[-1] if self.segments else None
+        where = cur or last
+        eta = self.eta_s(now)
+        return {
+            "task": self.task,
+            "state": self.state,
+            "steps_done": self.steps_done,
+            "total_steps": self.total_steps,
+            "checkpointed_step": self.checkpointed_step,
+            "strategy": where.strategy if where else None,
+            "gpus": where.gpus if where else None,
+            "nodes": where.nodes if where else [],
+            "step_time_s": self.step_time_s,
+            "planned_step_time_s": self.planned_step_time_s,
+            "loss": self.loss,
+            "eta_s": None if eta is None else round(eta, 3),
+            "reason": self.reason,
+            "attempts": self.attempts,
+            "segments": [s.to_dict() for s in self.segments],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TaskRecord:
+        rec = cls(str(d["task"]), int(d["total_steps"]), state=str(d["state"]),
+                  steps_done=int(d["steps_done"]), checkpointed_step=int(d.get("checkpointed_step", 0)),
+                  step_time_s=d.get("step_time_s"), planned_step_time_s=d.get("planned_step_time_s"),
+                  reason=str(d.get("reason", "")), attempts=int(d.get("attempts", 0)))
+        rec.segments = [SegmentRecord(**s) for s in d.get("segments", [])]
+        return rec
+
+
+@dataclass
+class DriverResult:
+    """How a run ended: final state, makespans (driver-clock seconds) and per-task records."""
+
+    state: str
+    planned_makespan_s: float | None
+    realised_makespan_s: float
+    replans: int
+    moves: int
+    tasks: dict[str, TaskRecord]
+    reason: str = ""
+
+    @property
+    def failed_tasks(self) -> list[str]:
+        return [t for t, r in self.tasks.items() if r.state == "failed"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "reason": self.reason,
+            "planned_makespan_s": self.planned_makespan_s,
+            "realised_makespan_s": round(self.realised_makespan_s, 3),
+            "replans": self.replans,
+            "moves": self.moves,
+            "tasks": [r.to_dict(self.realised_makespan_s) for r in self.tasks.values()],
+        }
+
+
+# ---------------------------------------------------------------- states
+class DriverState(ABC):
+    """One state of the driver; :meth:`step` does one iteration and returns the next state."""
+
+    name: ClassVar[str]
+    terminal: ClassVar[bool] = False
+
+    @abstractmethod
+    def step(self, d: Driver) -> DriverState: ...
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}>"
+
+
+class Planning(DriverState):
+    name = "planning"
+
+    def step(self, d: Driver) -> DriverState:
+        if not d.controller.tasks:
+            return Finished()
+        d.execute(d.controller.start(d.now()))
+        d.after_control()
+        return Moving() if d.stopping else Launching()
+
+
+class Launching(DriverState):
+    name = "launching"
+
+    def step(self, d: Driver) -> DriverState:
+        d.start_ready_launches()
+        return Running()
+
+
+class Running(DriverState):
+    name = "running"
+
+    def step(self, d: Driver) -> DriverState:
+        d.pump(d.config.poll_wall_s)
+        if d.inbox:
+            return Replanning()
+        if d.stopping:
+            return Moving()
+        if d.controller.done and not d.active_segments():
+            return Finished()
+        if d.pending_launches():
+            return Launching()
+        return self
+
+
+class Replanning(DriverState):
+    name = "replanning"
+
+    def step(self, d: Driver) -> DriverState:
+        events, d.inbox = d.inbox, []
+        d.execute(d.controller.handle(*events))
+        d.after_control()
+        if d.stopping:
+            return Moving()
+        return Launching()
+
+
+class Moving(DriverState):
+    name = "moving"
+
+    def step(self, d: Driver) -> DriverState:
+        if d.stopping:
+            d.pump(d.config.poll_wall_s)
+        if d.stopping:
+            return self
+        return Replanning() if d.inbox else Launching()
+
+
+class Finished(DriverState):
+    name = "finished"
+    terminal = True
+
+    def step(self, d: Driver) -> DriverState:
+        return self
+
+
+@dataclass
+class Failed(DriverState):
+    reason: str = ""
+    name: ClassVar[str] = "failed"
+    terminal: ClassVar[bool] = True
+
+    def step(self, d: Driver) -> DriverState:
+        return self
+
+
+# ---------------------------------------------------------------- driver
+class Driver:
+    """Executes a run with a placement manager, a launcher and the control plane.
+
+    Args:
+        profile: the profile of every task (total steps, profiled step times).
+        manager: a :class:`~ray_saturn.runtime.pg_manager.PlacementGroupManager`
+            (or the Ray-free :class:`~ray_saturn.runtime.fake.LedgerManager`).
+        launcher: starts and stops segments.
+        storage: the run folder.
+        config: run settings.
+        records: task records persisted by an earlier driver of this run
+            (resume): finished tasks are not re-run, others restart from their
+            latest checkpoint.
+        clock_offset_s: driver-clock time already spent (resume).
+    """
+
+    def __init__(
+        self,
+        profile: ProfileTable,
+        manager: Any,
+        launcher: Launcher,
+        storage: RunStorage,
+        config: DriverConfig | None = None,
+        *,
+        records: Mapping[str, TaskRecord] | None = None,
+        clock_offset_s: float = 0.0,
+        planned_makespan_s: float | None = None,
+        counters: Mapping[str, int] | None = None,
+    ) -> None:
+        from ray_saturn.control.controller import Controller
+
+        self.config = config or DriverConfig()
+        self.profile = profile
+        self.manager = manager
+        self.launcher = launcher
+        self.storage = storage
+        self._t0 = launcher.now()
+        self._offset = float(clock_offset_s)
+        self.records: dict[str, TaskRecord] = {}
+        for t in profile.tasks:
+            total = max(c.steps for c in profile.configs(t))
+            self.records[t] = TaskRecord(t, total)
+        for t, rec in (records or {}).items():
+            if t in self.records:
+                self.records[t] = rec
+        # Resume: what each unfinished task has durably done is in its checkpoint folder.
+        self.base: dict[str, int] = {}
+        for t, rec in self.records.items():
+            if rec.state in ("finished", "failed"):
+                continue
+            ck = min(rec.total_steps, launcher.checkpointed_step(storage.task_dir(t)))
+            rec.checkpointed_step = ck
+            rec.steps_done = ck
+            if rec.current is not None:  # the segment died with the previous driver
+                seg = rec.current
+                seg.end_s, seg.status, seg.steps_end = self._offset, "interrupted", ck
+                seg.reason = "the driver stopped"
+            rec.state = "queued"
+            self.base[t] = ck
+        remaining = self._remaining_profile()
+        self.controller = Controller(
+            remaining, manager.ledger.cluster(), self.config.policy,
+            restart_s=self.config.restart_s, solver_time_limit_s=self.config.solver_time_limit_s,
+            seed=self.config.seed, min_replan_gap_s=self.config.min_replan_gap_s,
+            max_failures=self.config.max_failures,
+        ) if remaining is not None else _EmptyController()
+        self.state: DriverState = Planning()
+        self.inbox: list[Any] = []
+        self.stopping: dict[str, Any] = {}
+        self._pending: dict[str, Any] = {}
+        self._attempt: dict[str, int] = {}
+        self._launch_wall: dict[str, float] = {}
+        self._latencies: list[float] = []
+        self._stop_costs: list[float] = []
+        self._log_seen = 0
+        self._last_node_check = -math.inf
+        self._last_persist = -math.inf
+        self.planned_makespan_s = planned_makespan_s
+        counters = counters or {}
+        self._replans0 = int(counters.get("replans", 0))
+        self._moves0 = int(counters.get("moves", 0))
+        self.finished_at: float | None = None
+
+    # ----------------------------------------------------------- clock
+    def now(self) -> float:
+        return self._offset + (self.launcher.now() - self._t0) / self.launcher.time_scale
+
+    # ----------------------------------------------------------- loop
+    def step(self) -> DriverState:
+        """Run one iteration of the current state; returns the new state."""
+        prev = self.state
+        try:
+            self.state = self.state.step(self)
+        except SaturnError as exc:
+            logger.error("driver failed in %s: %s", prev.name, exc)
+            self.state = Failed(str(exc))
+        if type(self.state) is not type(prev):
+            logger.debug("driver: %s -> %s", prev.name, self.state.name)
+            if self.state.terminal:
+                self.finished_at = self.now()
+                self.log({"kind": "run_" + self.state.name, "reason": getattr(self.state, "reason", "")})
+            self.persist(force=True)
+        else:
+            self.persist()
+        return self.state
+
+    def run(self, max_steps: int | None = None) -> DriverResult:
+        """Step until a terminal state (or ``max_steps``); return the result."""
+        n = 0
+        try:
+            while not self.state.terminal and (max_steps is None or n < max_steps):
+                self.step()
+                n += 1
+        finally:
+            if self.state.terminal:
+                self.launcher.shutdown()
+                self.manager.release_all()
+        return self.result()
+
+    def result(self) -> DriverResult:
+        end = self.finished_at if self.finished_at is not None else self.now()
+        return DriverResult(
+            state=self.state.name,
+            planned_makespan_s=self.planned_makespan_s,
+            realised_makespan_s=end,
+            replans=self._replans0 + max(0, len(self.controller.replans) - 1),
+            moves=self._moves0 + self.controller.moves,
+            tasks=self.records,
+            reason=getattr(self.state, "reason", ""),
+        )
+
+    # ----------------------------------------------------------- actions
+    def execute(self, actions: list[Any]) -> None:
+        """Carry out the control plane's actions: stops now, launches when their GPUs are free."""
+        from ray_saturn.control.dispatch import Launch, Stop
+
+        for a in actions:
+            if isinstance(a, Stop):
+                rec = self.records[a.task]
+                self.stopping[a.task] = (a, self.launcher.now())
+                rec.state = "stopping"
+                self.launcher.stop(a.task)
+                self.log({"kind": "move", "task": a.task, "reason": a.reason, "to": a.target.to_dict()})
+            elif isinstance(a, Launch):
+                self._pending[a.task] = (a, self.now())
+                self.records[a.task].state = "launching"
+            else:  # pragma: no cover - the controller only returns these two
+                raise SaturnError(f"unknown control action {a!r}")
+
+    def after_control(self) -> None:
+        """Log what the control plane recorded (events, re-plans and their reasons) and the plan."""
+        new = self.controller.log[self._log_seen:]
+        self._log_seen = len(self.controller.log)
+        for entry in new:
+            self.log(dict(entry))
+        plan = self.controller.plan
+        if plan is not None and new and any(e.get("kind") == "replan" for e in new):
+            if self.planned_makespan_s is None:
+                self.planned_makespan_s = self.now() + plan.makespan_s
+            self.storage.write_json(PLAN_FILE, plan.to_dict())
+
+    def pending_launches(self) -> bool:
+        return bool(self._pending)
+
+    def active_segments(self) -> list[str]:
+        return [t for t, r in self.records.items() if r.current is not None]
+
+    def start_ready_launches(self) -> None:
+        """Reserve GPUs for pending launches that fit; launch the ones whose hold is placed."""
+        for task, (launch, _) in list(self._pending.items()):
+            if task in self.stopping:
+                continue
+            pl = launch.placement
+            held = self.manager.ledger.holder(task)
+            if held is None:
+                if any(n not in self.manager.ledger.nodes for n in pl.nodes):
+                    # The node went away after the plan; the control plane re-plans on NodeLost.
+                    continue
+                if not self.manager.ledger.fits(pl.nodes, pl.per_node):
+                    continue
+                try:
+                    self.manager.reserve(task, pl.nodes, pl.per_node)
+                except LedgerError as exc:
+                    logger.debug("cannot reserve %s yet: %s", task, exc)
+                    continue
+            if not self.manager.is_ready(task):
+                continue
+            del self._pending[task]
+            self._launch(task, launch)
+
+    def _launch(self, task: str, launch: Any) -> None:
+        rec = self.records[task]
+        attempt = rec.attempts
+        rec.attempts += 1
+        self._attempt[task] = attempt
+        pl = launch.placement
+        cfg = self.profile.get(task, pl.strategy, pl.gpus, len(pl.nodes))
+        step_time = cfg.step_time_s or 1.0
+        every = max(1, int(round(self.config.checkpoint_interval_s / step_time)))
+        spec = LaunchSpec(
+            task=task, attempt=attempt, strategy=pl.strategy, gpus=pl.gpus, nodes=tuple(pl.nodes),
+            target_step=rec.total_steps, checkpoint_dir=self.storage.task_dir(task),
+            checkpoint_every=every, knobs=knobs_for(self.profile, cfg), step_time_s=cfg.step_time_s,
+        )
+        now = self.now()
+        start_step = self.base.get(task, 0) + launch.steps_done
+        rec.segments.append(SegmentRecord(attempt, pl.strategy, pl.gpus, list(pl.nodes), now,
+                                          steps_start=max(start_step, rec.checkpointed_step)))
+        rec.state = "launching"
+        rec.planned_step_time_s = cfg.step_time_s
+        rec.step_time_s = None
+        self._launch_wall[task] = self.launcher.now()
+        self.log({"kind": "launch", "task": task, "attempt": attempt, **pl.to_dict(),
+                  "from_step": rec.segments[-1].steps_start, "checkpoint_every": every})
+        try:
+            self.launcher.launch(spec)
+        except SaturnError as exc:
+            self._segment_failed(task, attempt, f"launch failed: {exc}")
+
+    # ----------------------------------------------------------- events
+    def pump(self, timeout_wall_s: float) -> None:
+        """Poll the launcher once and turn what happened into control-plane input."""
+        self._check_nodes()
+        for ev in self.launcher.poll(timeout_wall_s):
+            if self._attempt.get(ev.task) != ev.attempt:
+                continue  # a segment the driver already gave up on (node lost, superseded)
+            if isinstance(ev, Started):
+                self._on_started(ev)
+            elif isinstance(ev, Progress):
+                self._on_progress(ev)
+            elif isinstance(ev, Exited):
+                self._on_exited(ev)
+        wake = self.controller.next_wakeup_s()
+        if wake is not None and self.now() >= wake and not self.inbox:
+            from ray_saturn.control.events import Tick
+
+            self.inbox.append(Tick(time_s=self.now()))
+
+    def _on_started(self, ev: Started) -> None:
+        rec = self.records[ev.task]
+        seg = rec.current
+        if seg is None or seg.first_step_s is not None:
+            return
+        seg.first_step_s = self.now()
+        seg.status = "running"
+        rec.state = "running" if ev.task not in self.stopping else "stopping"
+        latency = seg.first_step_s - seg.launch_s
+        self._latencies.append(latency)
+        self.log({"kind": "started", "task": ev.task, "attempt": ev.attempt, "step": ev.step,
+                  "launch_latency_s": round(latency, 3)})
+        self._update_restart_cost()
+
+    def _on_progress(self, ev: Progress) -> None:
+        rec = self.records[ev.task]
+        rec.steps_done = max(rec.steps_done, min(rec.total_steps, ev.step))
+        if ev.loss is not None:
+            rec.loss = ev.loss
+        st = None if ev.step_time_s is None else ev.step_time_s / self.launcher.time_scale
+        if st is not None:
+            rec.step_time_s = st
+        if ev.task in self.stopping:
+            return
+        actions = self.controller.report_progress(
+            ev.task, max(0, rec.steps_done - self.base.get(ev.task, 0)), self.now(), st
+        )
+        if actions or len(self.controller.log) > self._log_seen:
+            self.execute(actions)
+            self.after_control()
+
+    def _on_exited(self, ev: Exited) -> None:
+        from ray_saturn.control.events import TaskFailed, TaskFinished
+
+        task = ev.task
+        if ev.status == "failed" and task not in self.stopping:
+            # A failure may be a lost node: let the node check hand it over first.
+            self._check_nodes(force=True)
+            if self._attempt.get(task) != ev.attempt:
+                return
+        rec = self.records[task]
+        seg = rec.current
+        now = self.now()
+        self.manager.release(task)
+        self._attempt.pop(task, None)
+        rec.checkpointed_step = max(rec.checkpointed_step, min(ev.step, rec.total_steps))
+        if seg is not None:
+            seg.end_s, seg.status, seg.steps_end, seg.reason = now, ev.status, ev.step, ev.reason
+        self.log({"kind": "exited", "task": task, "attempt": ev.attempt, "status": ev.status,
+                  "step": ev.step, "reason": ev.reason})
+        if task in self.stopping:
+            stop, t_stop = self.stopping.pop(task)
+            self._stop_costs.append((self.launcher.now() - t_stop) / self.launcher.time_scale)
+            rec.state = "queued"
+            rec.steps_done = rec.checkpointed_step
+            if ev.status == "finished":
+                rec.steps_done = rec.total_steps  # relaunch finds the final checkpoint and ends at once
+            return
+        if ev.status == "finished":
+            rec.state = "finished"
+            rec.steps_done = rec.total_steps
+            self.inbox.append(TaskFinished(time_s=now, task=task))
+        else:
+            reason = ev.reason or f"segment ended with status {ev.status}"
+            rec.steps_done = rec.checkpointed_step
+            rec.state = "queued"
+            rec.reason = reason
+            self.inbox.append(TaskFailed(time_s=now, task=task, reason=reason,
+                                         steps_done=rec.checkpointed_step - self.base.get(task, 0)))
+
+    def _segment_failed(self, task: str, attempt: int, reason: str) -> None:
+        self._on_exited(Exited(task, attempt, self.launcher.now(), "failed",
+                               self.launcher.checkpointed_step(self.storage.task_dir(task)), reason))
+
+    def _check_nodes(self, force: bool = False) -> None:
+        from ray_saturn.control.events import NodeAdded, NodeLost
+
+        wall = time.monotonic()
+        if not force and wall - self._last_node_check < self.config.node_check_wall_s:
+            return
+        self._last_node_check = wall
+        changes = self.manager.sync_nodes()
+        if not changes:
+            return
+        now = self.now()
+        dropped = {r.task for r in changes.dropped}
+        for task in list(self._pending):
+            launch, _ = self._pending[task]
+            if any(n in changes.lost for n in launch.placement.nodes):
+                # The control plane counts it as running there; NodeLost interrupts it.
+                del self._pending[task]
+                dropped.add(task)
+        steps: dict[str, int] = {}
+        for task in dropped:
+            rec = self.records[task]
+            self.launcher.discard(task)
+            self._attempt.pop(task, None)
+            ck = self.launcher.checkpointed_step(self.storage.task_dir(task))
+            rec.checkpointed_step = max(rec.checkpointed_step, ck)
+            rec.steps_done = rec.checkpointed_step
+            seg = rec.current
+            if seg is not None:
+                seg.end_s, seg.status, seg.steps_end, seg.reason = now, "interrupted", ck, "node lost"
+            rec.state = "queued"
+            self.stopping.pop(task, None)
+            steps[task] = rec.checkpointed_step - self.base.get(task, 0)
+        for node in changes.lost:
+            self.log({"kind": "node_lost_detected", "node": node, "tasks": sorted(dropped)})
+            self.inbox.append(NodeLost(time_s=now, node=node, steps_done=dict(steps)))
+        for spec in changes.added:
+            self.log({"kind": "node_added_detected", "node": spec.name, "gpus": spec.gpus})
+            self.inbox.append(NodeAdded(time_s=now, node=spec))
+
+    def _update_restart_cost(self) -> None:
+        cost = statistics.median(self._latencies)
+        if self._stop_costs:
+            cost += statistics.median(self._stop_costs)
+        cost += 0.5 * self.config.checkpoint_interval_s  # work lost on average when a move is not at a checkpoint
+        self.controller.set_restart_cost(cost)
+
+    # ----------------------------------------------------------- persistence
+    def log(self, record: dict[str, Any]) -> None:
+        record.setdefault("time_s", round(self.now(), 3))
+        record.setdefault("wall", round(time.time(), 3))
+        self.storage.append_jsonl(EVENTS_FILE, record)
+
+    def persist(self, force: bool = False) -> None:
+        wall = time.monotonic()
+        if not force and wall - self._last_persist < self.config.persist_wall_s:
+            return
+        self._last_persist = wall
+        for t, p in self.controller.tasks.items():
+            rec = self.records.get(t)
+            if rec is not None and p.state.value == "failed":
+                rec.state = "failed"
+                rec.reason = p.reason or rec.reason
+        now = self.now()
+        self.storage.write_json(STATE_FILE, {
+            "version": 1,
+            "driver_state": self.state.name,
+            "reason": getattr(self.state, "reason", ""),
+            "time_s": round(now, 3),
+            "updated_wall": time.time(),
+            "time_scale": self.launcher.time_scale,
+            "planned_makespan_s": self.planned_makespan_s,
+            "replans": self._replans0 + max(0, len(self.controller.replans) - 1),
+            "moves": self._moves0 + self.controller.moves,
+            "restart_s": self.controller.restart_s,
+            "tasks": {t: r.to_dict(now) for t, r in self.records.items()},
+        })
+
+    def _remaining_profile(self) -> ProfileTable | None:
+        left = {t: r for t, r in self.records.items() if r.state not in ("finished", "failed")}
+        if not left:
+            return None
+
+        def cut(c: Config) -> Config | None:
+            rec = left.get(c.task)
+            if rec is None:
+                return None
+            steps = max(1, rec.total_steps - self.base.get(c.task, 0))
+            return Config(c.task, c.strategy, c.gpus, c.nodes, c.step_time_s, steps, c.feasible,
+                          c.peak_mem_gb, c.reason)
+
+        return self.profile.replace(cut)
+
+
+class _EmptyController:
+    """Stands in for the control plane when a resumed run has nothing left to do."""
+
+    tasks: dict[str, Any] = {}  # noqa: RUF012
+    replans: list[Any] = []  # noqa: RUF012
+    log: list[Any] = []  # noqa: RUF012
+    moves = 0
+    plan = None
+    restart_s = 0.0
+    done = True
+
+    def next_wakeup_s(self) -> None:
+        return None
+
+
+def knobs_for(profile: ProfileTable, cfg: Config) -> dict[str, Any]:
+    """The strategy knobs the profiler chose for ``cfg`` (a JSON ``knobs`` column), else ``{}``."""
+    table = profile.to_arrow()
+    if "knobs" not in table.column_names:
+        return {}
+    cols = table.select(["task", "strategy", "gpus", "nodes", "knobs"]).to_pylist()
+    for row in cols:
+        if (row["task"], row["strategy"], row["gpus"], row["nodes"]) == cfg.key:
+            raw = row["knobs"]
+            if raw in (None, ""):
+                return {}
+            if isinstance(raw, Mapping):
+                return dict(raw)
+            try:
+                out = json.loads(raw)
+            except ValueError:
+                raise SaturnError(f"profile knobs for {cfg.key} are not JSON: {raw!r}") from None
+            return dict(out) if isinstance(out, Mapping) else {}
+    return {}

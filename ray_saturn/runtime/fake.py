@@ -1,0 +1,184 @@
+"""A launcher and a placement manager without Ray, on a stepped clock: for testing the driver.
+
+:class:`FakeLauncher` runs every segment at a true step time you choose
+(default: the profile's), checkpoints every ``checkpoint_every`` steps, can
+be told to fail a task (per strategy or always), and advances its clock by
+the ``timeout_s`` of each :meth:`FakeLauncher.poll`, so a whole run is
+stepped in milliseconds. :class:`LedgerManager` is the placement manager's
+ledger without placement groups.
+
+Example:
+    >>> from ray_saturn import ClusterSpec
+    >>> launcher = FakeLauncher(launch_latency_s=1.0)
+    >>> launcher.launch(LaunchSpec("a", 0, "ddp", 1, ("node-0",), 10, "ckpt/a", 5, step_time_s=1.0))
+    >>> [type(e).__name__ for e in launcher.poll(2.0)]
+    ['Started', 'Progress']
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ray_saturn.runtime.launcher import Exited, Launcher, LauncherEvent, LaunchSpec, Progress, Started
+from ray_saturn.runtime.ledger import GpuLedger, Reservation
+from ray_saturn.runtime.pg_manager import NodeChanges
+from ray_saturn.spec import ClusterSpec, NodeSpec
+
+__all__ = ["FakeLauncher", "LedgerManager"]
+
+
+@dataclass
+class _Segment:
+    spec: LaunchSpec
+    launched: float
+    step0: int
+    step_time: float
+    started: bool = False
+    stop_at: float | None = None
+    fail_reason: str | None = None
+    fail_at_step: int | None = None
+
+
+class FakeLauncher(Launcher):
+    """Segments that advance on the launcher's own clock.
+
+    Args:
+        true_step_time: seconds per step for a spec (default: ``spec.step_time_s``).
+        launch_latency_s: time from launch to the first step.
+        fail: ``fail(spec) -> reason or None``; a segment with a reason fails
+            after its first step (at ``fail_after_steps``).
+    """
+
+    def __init__(
+        self,
+        *,
+        true_step_time: Callable[[LaunchSpec], float] | None = None,
+        launch_latency_s: float = 1.0,
+        fail: Callable[[LaunchSpec], str | None] | None = None,
+        fail_after_steps: int = 1,
+    ) -> None:
+        self.clock = 0.0
+        self.true_step_time = true_step_time or (lambda s: float(s.step_time_s or 1.0))
+        self.launch_latency_s = launch_latency_s
+        self.fail = fail or (lambda s: None)
+        self.fail_after_steps = fail_after_steps
+        self.checkpoints: dict[str, int] = {}
+        self.launched: list[LaunchSpec] = []
+        self._running: dict[str, _Segment] = {}
+
+    def now(self) -> float:
+        return self.clock
+
+    def launch(self, spec: LaunchSpec) -> None:
+        step0 = self.checkpoints.get(spec.checkpoint_dir, 0)
+        seg = _Segment(spec, self.clock, step0, self.true_step_time(spec))
+        reason = self.fail(spec)
+        if reason:
+            seg.fail_reason = reason
+            seg.fail_at_step = min(spec.target_step, step0 + self.fail_after_steps)
+        self._running[spec.task] = seg
+        self.launched.append(spec)
+
+    def stop(self, task: str) -> None:
+        seg = self._running.get(task)
+        if seg is not None and seg.stop_at is None:
+            seg.stop_at = self.clock
+
+    def discard(self, task: str) -> None:
+        self._running.pop(task, None)
+
+    def kill(self, task: str, reason: str = "worker killed") -> None:
+        """Make the running segment of ``task`` fail now (a killed worker)."""
+        seg = self._running.get(task)
+        if seg is not None:
+            seg.fail_reason = reason
+            seg.fail_at_step = self._step(seg, self.clock)
+
+    def checkpointed_step(self, checkpoint_dir: str) -> int:
+        return self.checkpoints.get(checkpoint_dir, 0)
+
+    def _step(self, seg: _Segment, t: float) -> int:
+        run = t - seg.launched - self.launch_latency_s
+        if run < 0:
+            return seg.step0
+        return min(seg.spec.target_step, seg.step0 + 1 + int(math.floor(run / seg.step_time + 1e-9)))
+
+    def _time_of(self, seg: _Segment, step: int) -> float:
+        return seg.launched + self.launch_latency_s + (step - seg.step0 - 1) * seg.step_time
+
+    def poll(self, timeout_s: float) -> list[LauncherEvent]:
+        t_end = self.clock + max(timeout_s, 0.0)
+        # Stop at the first segment end inside the window, so events come in time order.
+        for seg in self._running.values():
+            end_step = seg.fail_at_step if seg.fail_reason else seg.spec.target_step
+            t_done = self._time_of(seg, end_step)
+            if seg.stop_at is not None:
+                t_done = min(t_done, seg.stop_at)
+            t_end = min(t_end, max(t_done, self.clock))
+        self.clock = t_end
+        events: list[LauncherEvent] = []
+        for task, seg in list(self._running.items()):
+            step = self._step(seg, self.clock)
+            every = max(1, seg.spec.checkpoint_every)
+            ckpt = step if step == seg.spec.target_step else step - step % every
+            if ckpt > self.checkpoints.get(seg.spec.checkpoint_dir, 0):
+                self.checkpoints[seg.spec.checkpoint_dir] = ckpt
+            if step > seg.step0 and not seg.started:
+                seg.started = True
+                events.append(Started(task, seg.spec.attempt, self.clock, step))
+            if seg.stop_at is not None:
+                self.checkpoints[seg.spec.checkpoint_dir] = step
+                events.append(Exited(task, seg.spec.attempt, self.clock, "stopped", step))
+                del self._running[task]
+            elif seg.fail_reason and step >= (seg.fail_at_step or 0):
+                events.append(Exited(task, seg.spec.attempt, self.clock, "failed",
+                                     self.checkpoints.get(seg.spec.checkpoint_dir, 0), seg.fail_reason))
+                del self._running[task]
+            elif step >= seg.spec.target_step:
+                events.append(Exited(task, seg.spec.attempt, self.clock, "finished", step))
+                del self._running[task]
+            elif seg.started:
+                events.append(Progress(task, seg.spec.attempt, self.clock, step, seg.step_time))
+        return events
+
+
+class LedgerManager:
+    """The placement manager's interface on a bare ledger (no Ray): holds are ready at once."""
+
+    def __init__(self, cluster: ClusterSpec) -> None:
+        self.ledger = GpuLedger(cluster)
+        self._lost: list[str] = []
+        self._added: list[NodeSpec] = []
+
+    def reserve(self, task: str, nodes: tuple[str, ...], gpus_per_node: int) -> Reservation:
+        return self.ledger.reserve(task, nodes, gpus_per_node)
+
+    def is_ready(self, task: str) -> bool:
+        return self.ledger.holder(task) is not None
+
+    def release(self, task: str) -> Reservation | None:
+        return self.ledger.release(task)
+
+    def release_all(self) -> None:
+        for r in self.ledger.reservations():
+            self.ledger.release(r.task)
+
+    def lose_node(self, node: str) -> None:
+        """Test hook: the next :meth:`sync_nodes` reports ``node`` lost."""
+        self._lost.append(node)
+
+    def add_node(self, node: NodeSpec) -> None:
+        self._added.append(node)
+
+    def sync_nodes(self) -> NodeChanges:
+        changes = NodeChanges()
+        for n in self._lost:
+            changes.dropped += self.ledger.remove_node(n)
+            changes.lost.append(n)
+        for spec in self._added:
+            self.ledger.add_node(spec)
+            changes.added.append(spec)
+        self._lost, self._added = [], []
+        return changes

@@ -1,0 +1,228 @@
+"""What the driver asks of a launcher, and what a launcher tells the driver.
+
+A launcher starts one *segment* of a task (a run on one configuration, from
+its latest checkpoint to its target step), can stop it (checkpoint and
+stop, for a move), and reports what happened as typed events:
+:class:`Started` (first step done), :class:`Progress`, and :class:`Exited`
+(finished, stopped or failed, with the step it reached and a reason).
+
+Launchers: :class:`~ray_saturn.runtime.train_launcher.TrainLauncher` (a
+TorchTrainer run per segment), :class:`~ray_saturn.runtime.emulated.EmulatedLauncher`
+(a sleep-per-step workload inside the placement group), and
+:class:`~ray_saturn.runtime.fake.FakeLauncher` (no Ray, a stepped clock, for
+tests of the driver's state machine).
+
+Workers report progress through :class:`Reporter`, which sends at most one
+message per ``interval_s`` (the first step at once) to the run's
+:class:`ProgressBoard` actor and learns from it whether to stop.
+
+Example:
+    >>> spec = LaunchSpec("a", 0, "ddp", 2, ("node-0",), 100, "/tmp/run/tasks/a", 10)
+    >>> spec.gpus_per_node
+    2
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray_saturn.errors import SaturnError
+
+__all__ = [
+    "Exited",
+    "LaunchSpec",
+    "Launcher",
+    "LauncherEvent",
+    "Progress",
+    "ProgressBoard",
+    "Reporter",
+    "Started",
+    "StopRequested",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class StopRequested(SaturnError):  # noqa: N818 (a control-flow signal, not an error)
+    """Raised inside a worker's report() when the driver asked the segment to stop."""
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One segment of a task: run ``strategy`` on ``gpus`` GPUs over ``nodes`` up to ``target_step``."""
+
+    task: str
+    attempt: int
+    strategy: str
+    gpus: int
+    nodes: tuple[str, ...]
+    target_step: int
+    checkpoint_dir: str
+    checkpoint_every: int
+    knobs: dict[str, Any] = field(default_factory=dict)
+    step_time_s: float | None = None  # the profile's estimate (emulation sleeps on it)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // len(self.nodes)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.task, self.attempt)
+
+
+@dataclass(frozen=True)
+class Started:
+    task: str
+    attempt: int
+    wall: float
+    step: int
+
+
+@dataclass(frozen=True)
+class Progress:
+    task: str
+    attempt: int
+    wall: float
+    step: int
+    step_time_s: float | None
+    loss: float | None = None
+
+
+@dataclass(frozen=True)
+class Exited:
+    """A segment ended: ``status`` is finished, stopped or failed; ``step`` is its last durable step."""
+
+    task: str
+    attempt: int
+    wall: float
+    status: str
+    step: int
+    reason: str = ""
+
+
+LauncherEvent = Started | Progress | Exited
+
+
+class Launcher(ABC):
+    """Starts, stops and watches task segments."""
+
+    #: Seconds of driver clock per wall second; the emulator scales time.
+    time_scale: float = 1.0
+
+    @abstractmethod
+    def launch(self, spec: LaunchSpec) -> None:
+        """Start a segment (its GPUs are already reserved); do not block on it."""
+
+    @abstractmethod
+    def stop(self, task: str) -> None:
+        """Ask the running segment of ``task`` to stop; an :class:`Exited` ``stopped`` follows."""
+
+    def discard(self, task: str) -> None:
+        """Forget the segment of ``task`` (its node is gone); no event for it follows."""
+        self.stop(task)
+
+    @abstractmethod
+    def poll(self, timeout_s: float) -> list[LauncherEvent]:
+        """Events since the last call, waiting up to ``timeout_s`` for the first one."""
+
+    @abstractmethod
+    def checkpointed_step(self, checkpoint_dir: str) -> int:
+        """The latest durable step in a task's checkpoint folder (0 if none)."""
+
+    def now(self) -> float:
+        """Wall-clock seconds (the fake launcher replaces it with its own clock)."""
+        return time.time()
+
+    def shutdown(self) -> None:
+        """Stop everything (the driver is ending)."""
+
+
+def _board_cls():
+    import ray
+
+    @ray.remote(num_cpus=0, max_restarts=-1)
+    class ProgressBoard:
+        """Collects worker reports for the driver and carries stop requests back."""
+
+        def __init__(self) -> None:
+            self._events: list[tuple] = []
+            self._stop: set[tuple[str, int]] = set()
+
+        def push(self, task: str, attempt: int, kind: str, wall: float, step: int,
+                 step_time_s: float | None, loss: float | None) -> bool:
+            self._events.append((kind, task, attempt, wall, step, step_time_s, loss))
+            return (task, attempt) in self._stop
+
+        def request_stop(self, task: str, attempt: int) -> None:
+            self._stop.add((task, attempt))
+
+        def drain(self) -> list[tuple]:
+            out, self._events = self._events, []
+            return out
+
+    return ProgressBoard
+
+
+_BOARD = None
+
+
+def ProgressBoard():  # noqa: N802 (reads like the actor class it returns)
+    """The Ray actor class of the progress board (built lazily so Ray is imported lazily)."""
+    global _BOARD
+    if _BOARD is None:
+        _BOARD = _board_cls()
+    return _BOARD
+
+
+def board_events(rows: list[tuple]) -> list[LauncherEvent]:
+    """Turn the board's rows into typed events."""
+    out: list[LauncherEvent] = []
+    for kind, task, attempt, wall, step, step_time_s, loss in rows:
+        if kind == "started":
+            out.append(Started(task, attempt, wall, step))
+        out.append(Progress(task, attempt, wall, step, step_time_s, loss))
+    return out
+
+
+class Reporter:
+    """Worker-side ``report`` callable: throttled progress to the board, stop requests back.
+
+    Called once per step with ``{"step", "loss", "step_time_s"}``; sends the
+    first call and then at most one message every ``interval_s``. When the
+    board says the segment must stop, raises :class:`StopRequested`.
+    """
+
+    def __init__(self, board: Any, task: str, attempt: int, interval_s: float = 0.5) -> None:
+        self.board = board
+        self.task = task
+        self.attempt = attempt
+        self.interval_s = interval_s
+        self._last = 0.0
+        self._sent_first = False
+        self._times: list[float] = []
+
+    def __call__(self, metrics: dict[str, Any]) -> None:
+        import ray
+
+        if metrics.get("step_time_s") is not None:
+            self._times.append(float(metrics["step_time_s"]))
+        now = time.time()
+        if self._sent_first and now - self._last < self.interval_s:
+            return
+        kind = "progress" if self._sent_first else "started"
+        step_time = sum(self._times) / len(self._times) if self._times else None
+        self._times = []
+        loss = metrics.get("loss")
+        stop = ray.get(self.board.push.remote(
+            self.task, self.attempt, kind, now, int(metrics["step"]), step_time,
+            None if loss is None else float(loss),
+        ))
+        self._sent_first = True
+        self._last = now
+        if stop:
+            raise StopRequested(f"task {self.task!r}: the driver asked segment {self.attempt} to stop")

@@ -1,0 +1,232 @@
+"""The placement-group manager: the plan's GPUs, reserved per decision, handed to Ray Train.
+
+Design
+------
+The manager owns a :class:`~ray_saturn.runtime.ledger.GpuLedger` (GPU
+bundles per node, per task) and, for every reservation, a Ray placement
+group that *holds* those GPUs on exactly the planned nodes:
+
+- one node: one bundle ``{"GPU": g}``, ``STRICT_PACK``;
+- ``k`` nodes: ``k`` bundles of ``g / k`` GPUs, ``STRICT_SPREAD``;
+- every bundle carries ``bundle_label_selector={"ray.io/node-id": <id>}``,
+  so Ray places it on the planned node and nowhere else.
+
+The hold becomes *ready* only when the GPUs are physically free on those
+nodes (a previous task's trainer has let go of them), so launching waits on
+it; no other task can be given those GPUs meanwhile, because the ledger
+refuses any reservation that does not fit.
+
+Hand-over to Ray Train V2. ``TorchTrainer.fit()`` starts a controller that
+creates its *own* placement group; it cannot be given ours. So, at launch,
+:meth:`PlacementGroupManager.hand_over` removes the hold and returns a
+:class:`TrainerPlacement` that pins the trainer's workers to the same GPUs:
+``ScalingConfig(num_workers=g, resources_per_worker={"GPU": 1, ...},
+label_selector=[{"ray.io/node-id": <node of worker i>}, ...],
+placement_strategy="STRICT_PACK")`` (``"SPREAD"`` over several nodes, with
+the per-worker selectors fixing how many workers land on each node). Ray
+Train turns the per-worker selectors into per-bundle selectors of its
+placement group, so its bundles can only be placed on the planned nodes,
+on GPUs the hold has just freed. The ledger entry stays until the task
+finishes, fails or moves, so the run never launches anything else onto
+those GPUs: the ledger is the single owner, the hold PG enforces it against
+other Ray work until launch, and the trainer's own PG from launch on.
+
+Lighter runs (the emulated workload of ``ray-saturn emulate``) need no
+hand-over: they are scheduled straight into the hold's bundles with
+:meth:`PlacementGroupManager.bundle_strategy`.
+
+Example:
+    >>> # on a Ray cluster with GPUs (ClusterSpec.from_ray() carries node ids)
+    >>> # mgr = PlacementGroupManager(ClusterSpec.from_ray())
+    >>> # mgr.reserve("bert-0", ("node-1a2b3c4d",), 4); mgr.wait_ready("bert-0", 30)
+    >>> # placement = mgr.hand_over("bert-0"); placement.scaling_config()
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray_saturn.errors import SaturnError
+from ray_saturn.runtime.ledger import GpuLedger, LedgerError, Reservation
+from ray_saturn.spec import ClusterSpec, NodeSpec
+
+__all__ = ["NodeChanges", "PlacementGroupManager", "TrainerPlacement"]
+
+logger = logging.getLogger(__name__)
+
+NODE_LABEL = "ray.io/node-id"
+
+
+@dataclass(frozen=True)
+class TrainerPlacement:
+    """How a TorchTrainer is pinned to the GPUs the plan gave a task."""
+
+    task: str
+    num_workers: int
+    label_selector: tuple[dict[str, str], ...]
+    placement_strategy: str
+    cpus_per_worker: float = 0.0
+
+    def scaling_config(self) -> Any:
+        """The ``ray.train.ScalingConfig`` that pins the workers (one GPU each)."""
+        from ray.train import ScalingConfig
+
+        resources: dict[str, float] = {"GPU": 1}
+        if self.cpus_per_worker:
+            resources["CPU"] = self.cpus_per_worker
+        return ScalingConfig(
+            num_workers=self.num_workers,
+            use_gpu=True,
+            resources_per_worker=resources,
+            label_selector=[dict(s) for s in self.label_selector],
+            placement_strategy=self.placement_strategy,
+        )
+
+
+@dataclass
+class NodeChanges:
+    """What :meth:`PlacementGroupManager.sync_nodes` found."""
+
+    lost: list[str] = field(default_factory=list)
+    added: list[NodeSpec] = field(default_factory=list)
+    dropped: list[Reservation] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.lost or self.added)
+
+
+class PlacementGroupManager:
+    """Ledger of GPU bundles per node plus the Ray placement groups that hold them."""
+
+    def __init__(self, cluster: ClusterSpec, *, cpus_per_worker: float = 0.0) -> None:
+        missing = [n.name for n in cluster.nodes if not n.node_id]
+        if missing:
+            raise SaturnError(
+                f"node(s) {', '.join(missing)} have no Ray node id; build the cluster with "
+                "ClusterSpec.from_ray() on the running Ray cluster"
+            )
+        self.ledger = GpuLedger(cluster)
+        self.cpus_per_worker = float(cpus_per_worker)
+        self._holds: dict[str, Any] = {}
+
+    # --------------------------------------------------------- reserving
+    def reserve(self, task: str, nodes: Iterable[str], gpus_per_node: int) -> Reservation:
+        """Book the GPUs in the ledger and hold them with a placement group."""
+        from ray.util.placement_group import placement_group
+
+        res = self.ledger.reserve(task, nodes, gpus_per_node)
+        ids = [self.ledger.node_id(n) for n in res.nodes]
+        bundles = [{"GPU": float(gpus_per_node)} for _ in res.nodes]
+        strategy = "STRICT_PACK" if len(res.nodes) == 1 else "STRICT_SPREAD"
+        try:
+            pg = placement_group(
+                bundles,
+                strategy=strategy,
+                name=f"ray_saturn:{task}",
+                bundle_label_selector=[{NODE_LABEL: i} for i in ids],
+            )
+        except Exception:
+            self.ledger.release(task)
+            raise
+        self._holds[task] = pg
+        logger.debug("reserved %s: %d GPU(s) on %s (%s)", task, res.gpus, ",".join(res.nodes), strategy)
+        return res
+
+    def ready(self, task: str) -> Any:
+        """An ObjectRef that resolves when the hold is placed (the GPUs are free)."""
+        return self._hold(task).ready()
+
+    def wait_ready(self, task: str, timeout_s: float) -> bool:
+        return bool(self._hold(task).wait(timeout_s))
+
+    def is_ready(self, task: str) -> bool:
+        import ray
+
+        ready, _ = ray.wait([self.ready(task)], timeout=0)
+        return bool(ready)
+
+    def bundle_strategy(self, task: str, bundle: int = 0) -> Any:
+        """Scheduling strategy that runs a Ray task or actor inside the hold's bundle."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return PlacementGroupSchedulingStrategy(
+            placement_group=self._hold(task), placement_group_bundle_index=bundle
+        )
+
+    def hand_over(self, task: str) -> TrainerPlacement:
+        """Free the hold and return how to pin a TorchTrainer onto the same GPUs.
+
+        The ledger entry stays: the GPUs remain the task's until :meth:`release`.
+        """
+        res = self.ledger.holder(task)
+        if res is None:
+            raise LedgerError(f"task {task!r} holds no GPUs; reserve them before the hand-over")
+        self._remove_hold(task)
+        selectors: list[dict[str, str]] = []
+        for n in res.nodes:
+            selectors += [{NODE_LABEL: str(self.ledger.node_id(n))}] * res.gpus_per_node
+        return TrainerPlacement(
+            task=task,
+            num_workers=res.gpus,
+            label_selector=tuple(selectors),
+            placement_strategy="STRICT_PACK" if len(res.nodes) == 1 else "SPREAD",
+            cpus_per_worker=self.cpus_per_worker,
+        )
+
+    def release(self, task: str) -> Reservation | None:
+        """Give a task's GPUs back (task finished, failed or moving)."""
+        self._remove_hold(task)
+        return self.ledger.release(task)
+
+    def release_all(self) -> None:
+        for r in self.ledger.reservations():
+            self.release(r.task)
+
+    # ------------------------------------------------------------- nodes
+    def sync_nodes(self) -> NodeChanges:
+        """Compare the ledger with the live Ray nodes; drop lost ones, add new ones."""
+        import ray
+
+        alive: dict[str, NodeSpec] = {}
+        for info in ray.nodes():
+            gpus = int(info.get("Resources", {}).get("GPU", 0))
+            if info.get("Alive") and gpus >= 1:
+                nid = info["NodeID"]
+                alive[nid] = NodeSpec(f"node-{nid[:8]}", gpus, nid)
+        changes = NodeChanges()
+        known = {self.ledger.node_id(n): n for n in self.ledger.nodes}
+        for nid, name in known.items():
+            if nid not in alive:
+                dropped = self.ledger.remove_node(name)
+                for r in dropped:
+                    self._remove_hold(r.task)
+                changes.lost.append(name)
+                changes.dropped += dropped
+                logger.warning("node %s is gone; %d reservation(s) dropped", name, len(dropped))
+        for nid, spec in alive.items():
+            if nid not in known:
+                self.ledger.add_node(spec)
+                changes.added.append(spec)
+                logger.info("node %s joined with %d GPU(s)", spec.name, spec.gpus)
+        return changes
+
+    # ----------------------------------------------------------- helpers
+    def _hold(self, task: str) -> Any:
+        try:
+            return self._holds[task]
+        except KeyError:
+            raise LedgerError(f"task {task!r} has no placement group hold (not reserved, or already handed over)") from None
+
+    def _remove_hold(self, task: str) -> None:
+        pg = self._holds.pop(task, None)
+        if pg is None:
+            return
+        from ray.util.placement_group import remove_placement_group
+
+        try:
+            remove_placement_group(pg)
+        except Exception as exc:  # the PG may already be gone with its node
+            logger.debug("removing the hold of %s: %s", task, exc)
