@@ -182,10 +182,17 @@ class TaskRecord:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TaskRecord:
-        rec = cls(str(d["task"]), int(d["total_steps"]), state=str(d["state"]),
-                  steps_done=int(d["steps_done"]), checkpointed_step=int(d.get("checkpointed_step", 0)),
-                  step_time_s=d.get("step_time_s"), planned_step_time_s=d.get("planned_step_time_s"),
-                  reason=str(d.get("reason", "")), attempts=int(d.get("attempts", 0)))
+        rec = cls(
+            str(d["task"]),
+            int(d["total_steps"]),
+            state=str(d["state"]),
+            steps_done=int(d["steps_done"]),
+            checkpointed_step=int(d.get("checkpointed_step", 0)),
+            step_time_s=d.get("step_time_s"),
+            planned_step_time_s=d.get("planned_step_time_s"),
+            reason=str(d.get("reason", "")),
+            attempts=int(d.get("attempts", 0)),
+        )
         rec.segments = [SegmentRecord(**s) for s in d.get("segments", [])]
         return rec
 
@@ -369,12 +376,20 @@ class Driver:
             rec.state = "queued"
             self.base[t] = ck
         remaining = self._remaining_profile()
-        self.controller = Controller(
-            remaining, manager.ledger.cluster(), self.config.policy,
-            restart_s=self.config.restart_s, solver_time_limit_s=self.config.solver_time_limit_s,
-            seed=self.config.seed, min_replan_gap_s=self.config.min_replan_gap_s,
-            max_failures=self.config.max_failures,
-        ) if remaining is not None else _EmptyController()
+        self.controller = (
+            Controller(
+                remaining,
+                manager.ledger.cluster(),
+                self.config.policy,
+                restart_s=self.config.restart_s,
+                solver_time_limit_s=self.config.solver_time_limit_s,
+                seed=self.config.seed,
+                min_replan_gap_s=self.config.min_replan_gap_s,
+                max_failures=self.config.max_failures,
+            )
+            if remaining is not None
+            else _EmptyController()
+        )
         self.state: DriverState = Planning()
         self.inbox: list[Any] = []
         self.stopping: dict[str, Any] = {}
@@ -409,7 +424,9 @@ class Driver:
             logger.debug("driver: %s -> %s", prev.name, self.state.name)
             if self.state.terminal:
                 self.finished_at = self.now()
-                self.log({"kind": "run_" + self.state.name, "reason": getattr(self.state, "reason", "")})
+                self.log(
+                    {"kind": "run_" + self.state.name, "reason": getattr(self.state, "reason", "")}
+                )
             self.persist(force=True)
         else:
             self.persist()
@@ -451,7 +468,9 @@ class Driver:
                 self.stopping[a.task] = (a, self.launcher.now())
                 rec.state = "stopping"
                 self.launcher.stop(a.task)
-                self.log({"kind": "move", "task": a.task, "reason": a.reason, "to": a.target.to_dict()})
+                self.log(
+                    {"kind": "move", "task": a.task, "reason": a.reason, "to": a.target.to_dict()}
+                )
             elif isinstance(a, Launch):
                 self._pending[a.task] = (a, self.now())
                 self.records[a.task].state = "launching"
@@ -460,7 +479,7 @@ class Driver:
 
     def after_control(self) -> None:
         """Log what the control plane recorded (events, re-plans and their reasons) and the plan."""
-        new = self.controller.log[self._log_seen:]
+        new = self.controller.log[self._log_seen :]
         self._log_seen = len(self.controller.log)
         for entry in new:
             self.log(dict(entry))
@@ -507,22 +526,45 @@ class Driver:
         pl = launch.placement
         cfg = self.profile.get(task, pl.strategy, pl.gpus, len(pl.nodes))
         step_time = cfg.step_time_s or 1.0
-        every = max(1, int(round(self.config.checkpoint_interval_s / step_time)))
+        every = max(1, round(self.config.checkpoint_interval_s / step_time))
         spec = LaunchSpec(
-            task=task, attempt=attempt, strategy=pl.strategy, gpus=pl.gpus, nodes=tuple(pl.nodes),
-            target_step=rec.total_steps, checkpoint_dir=self.storage.task_dir(task),
-            checkpoint_every=every, knobs=knobs_for(self.profile, cfg), step_time_s=cfg.step_time_s,
+            task=task,
+            attempt=attempt,
+            strategy=pl.strategy,
+            gpus=pl.gpus,
+            nodes=tuple(pl.nodes),
+            target_step=rec.total_steps,
+            checkpoint_dir=self.storage.task_dir(task),
+            checkpoint_every=every,
+            knobs=knobs_for(self.profile, cfg),
+            step_time_s=cfg.step_time_s,
         )
         now = self.now()
         start_step = self.base.get(task, 0) + launch.steps_done
-        rec.segments.append(SegmentRecord(attempt, pl.strategy, pl.gpus, list(pl.nodes), now,
-                                          steps_start=max(start_step, rec.checkpointed_step)))
+        rec.segments.append(
+            SegmentRecord(
+                attempt,
+                pl.strategy,
+                pl.gpus,
+                list(pl.nodes),
+                now,
+                steps_start=max(start_step, rec.checkpointed_step),
+            )
+        )
         rec.state = "launching"
         rec.planned_step_time_s = cfg.step_time_s
         rec.step_time_s = None
         self._launch_wall[task] = self.launcher.now()
-        self.log({"kind": "launch", "task": task, "attempt": attempt, **pl.to_dict(),
-                  "from_step": rec.segments[-1].steps_start, "checkpoint_every": every})
+        self.log(
+            {
+                "kind": "launch",
+                "task": task,
+                "attempt": attempt,
+                **pl.to_dict(),
+                "from_step": rec.segments[-1].steps_start,
+                "checkpoint_every": every,
+            }
+        )
         try:
             self.launcher.launch(spec)
         except SaturnError as exc:
@@ -557,8 +599,15 @@ class Driver:
         rec.state = "running" if ev.task not in self.stopping else "stopping"
         latency = seg.first_step_s - seg.launch_s
         self._latencies.append(latency)
-        self.log({"kind": "started", "task": ev.task, "attempt": ev.attempt, "step": ev.step,
-                  "launch_latency_s": round(latency, 3)})
+        self.log(
+            {
+                "kind": "started",
+                "task": ev.task,
+                "attempt": ev.attempt,
+                "step": ev.step,
+                "launch_latency_s": round(latency, 3),
+            }
+        )
         self._update_restart_cost()
 
     def _on_progress(self, ev: Progress) -> None:
@@ -595,15 +644,25 @@ class Driver:
         rec.checkpointed_step = max(rec.checkpointed_step, min(ev.step, rec.total_steps))
         if seg is not None:
             seg.end_s, seg.status, seg.steps_end, seg.reason = now, ev.status, ev.step, ev.reason
-        self.log({"kind": "exited", "task": task, "attempt": ev.attempt, "status": ev.status,
-                  "step": ev.step, "reason": ev.reason})
+        self.log(
+            {
+                "kind": "exited",
+                "task": task,
+                "attempt": ev.attempt,
+                "status": ev.status,
+                "step": ev.step,
+                "reason": ev.reason,
+            }
+        )
         if task in self.stopping:
-            stop, t_stop = self.stopping.pop(task)
+            _, t_stop = self.stopping.pop(task)
             self._stop_costs.append((self.launcher.now() - t_stop) / self.launcher.time_scale)
             rec.state = "queued"
             rec.steps_done = rec.checkpointed_step
             if ev.status == "finished":
-                rec.steps_done = rec.total_steps  # relaunch finds the final checkpoint and ends at once
+                rec.steps_done = (
+                    rec.total_steps
+                )  # relaunch finds the final checkpoint and ends at once
             return
         if ev.status == "finished":
             rec.state = "finished"
@@ -614,12 +673,26 @@ class Driver:
             rec.steps_done = rec.checkpointed_step
             rec.state = "queued"
             rec.reason = reason
-            self.inbox.append(TaskFailed(time_s=now, task=task, reason=reason,
-                                         steps_done=rec.checkpointed_step - self.base.get(task, 0)))
+            self.inbox.append(
+                TaskFailed(
+                    time_s=now,
+                    task=task,
+                    reason=reason,
+                    steps_done=rec.checkpointed_step - self.base.get(task, 0),
+                )
+            )
 
     def _segment_failed(self, task: str, attempt: int, reason: str) -> None:
-        self._on_exited(Exited(task, attempt, self.launcher.now(), "failed",
-                               self.launcher.checkpointed_step(self.storage.task_dir(task)), reason))
+        self._on_exited(
+            Exited(
+                task,
+                attempt,
+                self.launcher.now(),
+                "failed",
+                self.launcher.checkpointed_step(self.storage.task_dir(task)),
+                reason,
+            )
+        )
 
     def _check_nodes(self, force: bool = False) -> None:
         from ray_saturn.control.events import NodeAdded, NodeLost
@@ -649,7 +722,12 @@ class Driver:
             rec.steps_done = rec.checkpointed_step
             seg = rec.current
             if seg is not None:
-                seg.end_s, seg.status, seg.steps_end, seg.reason = now, "interrupted", ck, "node lost"
+                seg.end_s, seg.status, seg.steps_end, seg.reason = (
+                    now,
+                    "interrupted",
+                    ck,
+                    "node lost",
+                )
             rec.state = "queued"
             self.stopping.pop(task, None)
             steps[task] = rec.checkpointed_step - self.base.get(task, 0)
@@ -664,7 +742,9 @@ class Driver:
         cost = statistics.median(self._latencies)
         if self._stop_costs:
             cost += statistics.median(self._stop_costs)
-        cost += 0.5 * self.config.checkpoint_interval_s  # work lost on average when a move is not at a checkpoint
+        cost += (
+            0.5 * self.config.checkpoint_interval_s
+        )  # work lost on average when a move is not at a checkpoint
         self.controller.set_restart_cost(cost)
 
     # ----------------------------------------------------------- persistence
@@ -684,19 +764,22 @@ class Driver:
                 rec.state = "failed"
                 rec.reason = p.reason or rec.reason
         now = self.now()
-        self.storage.write_json(STATE_FILE, {
-            "version": 1,
-            "driver_state": self.state.name,
-            "reason": getattr(self.state, "reason", ""),
-            "time_s": round(now, 3),
-            "updated_wall": time.time(),
-            "time_scale": self.launcher.time_scale,
-            "planned_makespan_s": self.planned_makespan_s,
-            "replans": self._replans0 + max(0, len(self.controller.replans) - 1),
-            "moves": self._moves0 + self.controller.moves,
-            "restart_s": self.controller.restart_s,
-            "tasks": {t: r.to_dict(now) for t, r in self.records.items()},
-        })
+        self.storage.write_json(
+            STATE_FILE,
+            {
+                "version": 1,
+                "driver_state": self.state.name,
+                "reason": getattr(self.state, "reason", ""),
+                "time_s": round(now, 3),
+                "updated_wall": time.time(),
+                "time_scale": self.launcher.time_scale,
+                "planned_makespan_s": self.planned_makespan_s,
+                "replans": self._replans0 + max(0, len(self.controller.replans) - 1),
+                "moves": self._moves0 + self.controller.moves,
+                "restart_s": self.controller.restart_s,
+                "tasks": {t: r.to_dict(now) for t, r in self.records.items()},
+            },
+        )
 
     def _remaining_profile(self) -> ProfileTable | None:
         left = {t: r for t, r in self.records.items() if r.state not in ("finished", "failed")}
@@ -708,8 +791,17 @@ class Driver:
             if rec is None:
                 return None
             steps = max(1, rec.total_steps - self.base.get(c.task, 0))
-            return Config(c.task, c.strategy, c.gpus, c.nodes, c.step_time_s, steps, c.feasible,
-                          c.peak_mem_gb, c.reason)
+            return Config(
+                c.task,
+                c.strategy,
+                c.gpus,
+                c.nodes,
+                c.step_time_s,
+                steps,
+                c.feasible,
+                c.peak_mem_gb,
+                c.reason,
+            )
 
         return self.profile.replace(cut)
 

@@ -21,7 +21,14 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ray_saturn.runtime.launcher import Exited, Launcher, LauncherEvent, LaunchSpec, Progress, Started
+from ray_saturn.runtime.launcher import (
+    Exited,
+    Launcher,
+    LauncherEvent,
+    LaunchSpec,
+    Progress,
+    Started,
+)
 from ray_saturn.runtime.ledger import GpuLedger, Reservation
 from ray_saturn.runtime.pg_manager import NodeChanges
 from ray_saturn.spec import ClusterSpec, NodeSpec
@@ -103,7 +110,9 @@ class FakeLauncher(Launcher):
         run = t - seg.launched - self.launch_latency_s
         if run < 0:
             return seg.step0
-        return min(seg.spec.target_step, seg.step0 + 1 + int(math.floor(run / seg.step_time + 1e-9)))
+        return min(
+            seg.spec.target_step, seg.step0 + 1 + (math.floor(run / seg.step_time + 1e-9))
+        )
 
     def _time_of(self, seg: _Segment, step: int) -> float:
         return seg.launched + self.launch_latency_s + (step - seg.step0 - 1) * seg.step_time
@@ -133,8 +142,16 @@ class FakeLauncher(Launcher):
                 events.append(Exited(task, seg.spec.attempt, self.clock, "stopped", step))
                 del self._running[task]
             elif seg.fail_reason and step >= (seg.fail_at_step or 0):
-                events.append(Exited(task, seg.spec.attempt, self.clock, "failed",
-                                     self.checkpoints.get(seg.spec.checkpoint_dir, 0), seg.fail_reason))
+                events.append(
+                    Exited(
+                        task,
+                        seg.spec.attempt,
+                        self.clock,
+                        "failed",
+                        self.checkpoints.get(seg.spec.checkpoint_dir, 0),
+                        seg.fail_reason,
+                    )
+                )
                 del self._running[task]
             elif step >= seg.spec.target_step:
                 events.append(Exited(task, seg.spec.attempt, self.clock, "finished", step))

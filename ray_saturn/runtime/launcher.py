@@ -47,13 +47,13 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-class StopRequested(SaturnError):  # noqa: N818 (a control-flow signal, not an error)
+class StopRequested(SaturnError):
     """Raised inside a worker's report() when the driver asked the segment to stop."""
 
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """One segment of a task: run ``strategy`` on ``gpus`` GPUs over ``nodes`` up to ``target_step``."""
+    """One segment of a task: ``strategy`` on ``gpus`` GPUs over ``nodes`` up to ``target_step``."""
 
     task: str
     attempt: int
@@ -95,7 +95,7 @@ class Progress:
 
 @dataclass(frozen=True)
 class Exited:
-    """A segment ended: ``status`` is finished, stopped or failed; ``step`` is its last durable step."""
+    """A segment ended (``status``: finished, stopped, failed) at durable step ``step``."""
 
     task: str
     attempt: int
@@ -138,7 +138,7 @@ class Launcher(ABC):
         """Wall-clock seconds (the fake launcher replaces it with its own clock)."""
         return time.time()
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> None:  # noqa: B027 (optional hook)
         """Stop everything (the driver is ending)."""
 
 
@@ -153,8 +153,16 @@ def _board_cls():
             self._events: list[tuple] = []
             self._stop: set[tuple[str, int]] = set()
 
-        def push(self, task: str, attempt: int, kind: str, wall: float, step: int,
-                 step_time_s: float | None, loss: float | None) -> bool:
+        def push(
+            self,
+            task: str,
+            attempt: int,
+            kind: str,
+            wall: float,
+            step: int,
+            step_time_s: float | None,
+            loss: float | None,
+        ) -> bool:
             self._events.append((kind, task, attempt, wall, step, step_time_s, loss))
             return (task, attempt) in self._stop
 
@@ -171,7 +179,7 @@ def _board_cls():
 _BOARD = None
 
 
-def ProgressBoard():  # noqa: N802 (reads like the actor class it returns)
+def ProgressBoard():
     """The Ray actor class of the progress board (built lazily so Ray is imported lazily)."""
     global _BOARD
     if _BOARD is None:
@@ -218,11 +226,20 @@ class Reporter:
         step_time = sum(self._times) / len(self._times) if self._times else None
         self._times = []
         loss = metrics.get("loss")
-        stop = ray.get(self.board.push.remote(
-            self.task, self.attempt, kind, now, int(metrics["step"]), step_time,
-            None if loss is None else float(loss),
-        ))
+        stop = ray.get(
+            self.board.push.remote(
+                self.task,
+                self.attempt,
+                kind,
+                now,
+                int(metrics["step"]),
+                step_time,
+                None if loss is None else float(loss),
+            )
+        )
         self._sent_first = True
         self._last = now
         if stop:
-            raise StopRequested(f"task {self.task!r}: the driver asked segment {self.attempt} to stop")
+            raise StopRequested(
+                f"task {self.task!r}: the driver asked segment {self.attempt} to stop"
+            )

@@ -132,7 +132,9 @@ class PlacementGroupManager:
             self.ledger.release(task)
             raise
         self._holds[task] = pg
-        logger.debug("reserved %s: %d GPU(s) on %s (%s)", task, res.gpus, ",".join(res.nodes), strategy)
+        logger.debug(
+            "reserved %s: %d GPU(s) on %s (%s)", task, res.gpus, ",".join(res.nodes), strategy
+        )
         return res
 
     def ready(self, task: str) -> Any:
@@ -218,7 +220,9 @@ class PlacementGroupManager:
         try:
             return self._holds[task]
         except KeyError:
-            raise LedgerError(f"task {task!r} has no placement group hold (not reserved, or already handed over)") from None
+            raise LedgerError(
+                f"task {task!r} has no placement group hold (not reserved, or already handed over)"
+            ) from None
 
     def _remove_hold(self, task: str) -> None:
         pg = self._holds.pop(task, None)

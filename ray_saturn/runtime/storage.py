@@ -54,7 +54,9 @@ class RunStorage:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         root = os.fspath(root)
         if not root:
-            raise StorageError("the run folder is empty; give a local path or a URI such as s3://bucket/run")
+            raise StorageError(
+                "the run folder is empty; give a local path or a URI such as s3://bucket/run"
+            )
         if "://" in root:
             try:
                 self.fs, path = pafs.FileSystem.from_uri(root)
@@ -85,7 +87,7 @@ class RunStorage:
         path = self.join(*parts)
         if self.uri == self.path:
             return path
-        return self.uri + path[len(self.path):]
+        return self.uri + path[len(self.path) :]
 
     def task_dir(self, task: str) -> str:
         """The folder (local path or URI) holding one task's checkpoints."""
@@ -129,7 +131,9 @@ class RunStorage:
             with self.fs.open_input_stream(path) as f:
                 return f.read()
         except FileNotFoundError:
-            raise StorageError(f"{self.uri}: {name} does not exist; is this a ray_saturn run folder?") from None
+            raise StorageError(
+                f"{self.uri}: {name} does not exist; is this a ray_saturn run folder?"
+            ) from None
 
     def read_json(self, name: str) -> Any:
         try:
