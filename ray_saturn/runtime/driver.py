@@ -245,7 +245,13 @@ class Planning(DriverState):
     def step(self, d: Driver) -> DriverState:
         if not d.controller.tasks:
             return Finished()
-        d.execute(d.controller.start(d.now()))
+        d.launcher.prepare()
+        d.restart_clock(at=d.clock_origin_s)
+        t = d.now()
+        actions = d.controller.start(t)
+        # The clock stands still while the first plan is solved (its time is reported apart).
+        d.restart_clock(at=t)
+        d.execute(actions)
         d.after_control()
         return Moving() if d.stopping else Launching()
 
@@ -354,6 +360,7 @@ class Driver:
         self.storage = storage
         self._t0 = launcher.now()
         self._offset = float(clock_offset_s)
+        self.clock_origin_s = float(clock_offset_s)
         self.records: dict[str, TaskRecord] = {}
         for t in profile.tasks:
             total = max(c.steps for c in profile.configs(t))
@@ -410,6 +417,11 @@ class Driver:
     # ----------------------------------------------------------- clock
     def now(self) -> float:
         return self._offset + (self.launcher.now() - self._t0) / self.launcher.time_scale
+
+    def restart_clock(self, at: float) -> None:
+        """Make ``now()`` read ``at`` at this instant."""
+        self._offset = float(at)
+        self._t0 = self.launcher.now()
 
     # ----------------------------------------------------------- loop
     def step(self) -> DriverState:

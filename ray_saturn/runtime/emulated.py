@@ -133,6 +133,14 @@ def run_emulated_segment(
     return {"status": "finished", "step": step}
 
 
+def _warm(board: Any) -> None:
+    import pyarrow.fs  # noqa: F401  (what a segment imports first)
+    import ray
+
+    ray.get(board.ping.remote())  # connect to the board once
+    time.sleep(0.5)  # overlap, so every GPU slot gets its own worker process
+
+
 class EmulatedLauncher(Launcher):
     """Runs emulated segments in the manager's placement groups."""
 
@@ -158,6 +166,43 @@ class EmulatedLauncher(Launcher):
         self._remote = ray.remote(num_cpus=0, max_retries=0)(run_emulated_segment)
         self._running: dict[Any, LaunchSpec] = {}
         self._by_task: dict[str, LaunchSpec] = {}
+
+    def prepare(self) -> None:
+        """Start one worker process per GPU on every node, so launches reuse warm workers.
+
+        The warm-up runs inside placement groups, as segments do (Ray does
+        not hand a worker that ran outside a placement group to a task in
+        one), and Ray keeps up to a node's CPU count of idle workers; the
+        emulated cluster gives each node as many CPUs as GPUs.
+        """
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        warm = ray.remote(num_cpus=0)(_warm)
+        refs, pgs = [], []
+        for node in self.manager.ledger.nodes:
+            g = self.manager.ledger.free(node)
+            if g < 1:
+                continue
+            pg = placement_group(
+                [{"GPU": float(g)}],
+                strategy="STRICT_PACK",
+                bundle_label_selector=[{"ray.io/node-id": str(self.manager.ledger.node_id(node))}],
+            )
+            pgs.append(pg)
+            strategy = PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=0
+            )
+            refs += [
+                warm.options(num_gpus=1, scheduling_strategy=strategy).remote(self.board)
+                for _ in range(g)
+            ]
+        try:
+            ray.get(refs)
+        finally:
+            for pg in pgs:
+                remove_placement_group(pg)
 
     def launch(self, spec: LaunchSpec) -> None:
         if spec.step_time_s is None:

@@ -110,9 +110,7 @@ class FakeLauncher(Launcher):
         run = t - seg.launched - self.launch_latency_s
         if run < 0:
             return seg.step0
-        return min(
-            seg.spec.target_step, seg.step0 + 1 + (math.floor(run / seg.step_time + 1e-9))
-        )
+        return min(seg.spec.target_step, seg.step0 + 1 + (math.floor(run / seg.step_time + 1e-9)))
 
     def _time_of(self, seg: _Segment, step: int) -> float:
         return seg.launched + self.launch_latency_s + (step - seg.step0 - 1) * seg.step_time

@@ -122,6 +122,9 @@ class Launcher(ABC):
     def stop(self, task: str) -> None:
         """Ask the running segment of ``task`` to stop; an :class:`Exited` ``stopped`` follows."""
 
+    def prepare(self) -> None:  # noqa: B027 (optional hook)
+        """Called once before the run's clock starts (e.g. to warm worker processes)."""
+
     def discard(self, task: str) -> None:
         """Forget the segment of ``task`` (its node is gone); no event for it follows."""
         self.stop(task)
@@ -165,6 +168,9 @@ def _board_cls():
         ) -> bool:
             self._events.append((kind, task, attempt, wall, step, step_time_s, loss))
             return (task, attempt) in self._stop
+
+        def ping(self) -> bool:
+            return True
 
         def request_stop(self, task: str, attempt: int) -> None:
             self._stop.add((task, attempt))

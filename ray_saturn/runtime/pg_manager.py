@@ -111,6 +111,7 @@ class PlacementGroupManager:
         self.ledger = GpuLedger(cluster)
         self.cpus_per_worker = float(cpus_per_worker)
         self._holds: dict[str, Any] = {}
+        self._ready: dict[str, Any] = {}
 
     # --------------------------------------------------------- reserving
     def reserve(self, task: str, nodes: Iterable[str], gpus_per_node: int) -> Reservation:
@@ -139,7 +140,10 @@ class PlacementGroupManager:
 
     def ready(self, task: str) -> Any:
         """An ObjectRef that resolves when the hold is placed (the GPUs are free)."""
-        return self._hold(task).ready()
+        ref = self._ready.get(task)
+        if ref is None:
+            ref = self._ready[task] = self._hold(task).ready()
+        return ref
 
     def wait_ready(self, task: str, timeout_s: float) -> bool:
         return bool(self._hold(task).wait(timeout_s))
@@ -226,6 +230,7 @@ class PlacementGroupManager:
 
     def _remove_hold(self, task: str) -> None:
         pg = self._holds.pop(task, None)
+        self._ready.pop(task, None)
         if pg is None:
             return
         from ray.util.placement_group import remove_placement_group
