@@ -16,7 +16,7 @@ import sys
 from ray_saturn.errors import SaturnError
 
 #: Subcommand modules, in help order.
-SUBCOMMANDS = ("demo", "plan", "profile", "simulate")
+SUBCOMMANDS = ("demo", "plan", "profile", "simulate", "run", "emulate", "resume", "status")
 
 
 def build_parser() -> argparse.ArgumentParser:

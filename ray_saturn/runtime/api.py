@@ -329,7 +329,7 @@ def resume(storage: str | os.PathLike[str], tasks: Iterable[Task] | None = None)
     """
     import ray
 
-    store = RunStorage(storage)
+    store = RunStorage(storage, create=False)
     settings = RunSettings.from_dict(store.read_json(RUN_FILE))
     state = store.read_json(STATE_FILE) if store.exists(STATE_FILE) else {}
     if state.get("driver_state") in ("finished",):
@@ -363,7 +363,7 @@ def run_status(storage: str | os.PathLike[str]) -> dict[str, Any]:
     Example:
         >>> # ray_saturn.runtime.api.run_status("/tmp/runs/lr-sweep")["tasks"]["bert-0"]["state"]
     """
-    store = RunStorage(storage)
+    store = RunStorage(storage, create=False)
     if not store.exists(STATE_FILE):
         if store.exists(RUN_FILE):
             return {"driver_state": "starting", "tasks": {}}

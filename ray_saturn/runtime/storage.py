@@ -51,7 +51,7 @@ class StorageError(SaturnError, ValueError):
 class RunStorage:
     """A run folder on a local disk or a pyarrow filesystem."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, create: bool = True) -> None:
         root = os.fspath(root)
         if not root:
             raise StorageError(
@@ -71,7 +71,10 @@ class RunStorage:
             self.path = os.path.abspath(root)
             self.uri = self.path
         self._lock = threading.Lock()
-        self.fs.create_dir(self.path, recursive=True)
+        if create:
+            self.fs.create_dir(self.path, recursive=True)
+        elif self.fs.get_file_info(self.path).type != pafs.FileType.Directory:
+            raise StorageError(f"{root}: no such run folder")
 
     # ------------------------------------------------------------- paths
     def join(self, *parts: str) -> str:

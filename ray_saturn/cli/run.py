@@ -1,0 +1,97 @@
+"""``ray-saturn run WORKLOAD``: profile (or load a profile), plan, execute, report.
+
+WORKLOAD is a Python file that defines the tasks: a module-level ``tasks``
+list of ``ray_saturn.Task`` (or a ``tasks()`` function returning one). The
+run joins the running Ray cluster (RAY_ADDRESS, ``ray job submit``) or
+starts a local one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import uuid
+
+from ray_saturn.errors import SpecError
+from ray_saturn.spec import Task, check_unique_names
+
+
+def load_workload(path: str) -> list[Task]:
+    """The tasks defined by a workload file (``tasks`` list or ``tasks()`` function)."""
+    if not os.path.isfile(path):
+        raise SpecError(f"{path}: no such workload file")
+    name = f"_ray_saturn_workload_{uuid.uuid4().hex[:8]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise SpecError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise SpecError(
+            f"{path}: the workload failed to load ({type(exc).__name__}: {exc})"
+        ) from None
+    tasks = getattr(module, "tasks", None)
+    if callable(tasks):
+        tasks = tasks()
+    if tasks is None:
+        raise SpecError(
+            f"{path}: define a module-level `tasks` list of ray_saturn.Task (or a tasks() function)"
+        )
+    return check_unique_names(tasks)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("run", help="profile, plan and train a workload", description=__doc__)
+    p.add_argument("workload", help="Python file defining `tasks`")
+    p.add_argument("--run-dir", required=True, metavar="DIR", help="run folder (local path or URI)")
+    p.add_argument("--profile", metavar="FILE", help="use this profile instead of profiling")
+    p.add_argument("--policy", default="saturn-replan", help="re-planning policy (saturn-replan)")
+    p.add_argument(
+        "--checkpoint-interval",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds between checkpoints (60)",
+    )
+    p.add_argument("--solver-time-limit", type=float, default=10.0, metavar="S")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ray_saturn.runtime.api import run as run_api
+    from ray_saturn.runtime.driver import DriverConfig
+
+    tasks = load_workload(args.workload)
+    cfg = DriverConfig(
+        policy=args.policy,
+        checkpoint_interval_s=args.checkpoint_interval,
+        solver_time_limit_s=args.solver_time_limit,
+    )
+    result = run_api(
+        tasks,
+        storage=args.run_dir,
+        profile=args.profile,
+        policy=args.policy,
+        config=cfg,
+        workload=os.path.abspath(args.workload),
+    )
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        for t, r in result.tasks.items():
+            print(
+                f"{t:<24} {r.state:<9} {r.steps_done}/{r.total_steps}"
+                + (f"  {r.reason}" if r.reason else "")
+            )
+        print(
+            f"run {result.state}: makespan {result.realised_makespan_s:.0f} s (planned "
+            f"{result.planned_makespan_s or 0:.0f} s), {result.replans} re-plan(s), "
+            f"{result.moves} move(s)"
+        )
+    return 0 if result.state == "finished" and not result.failed_tasks else 1

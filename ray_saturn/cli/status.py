@@ -1,0 +1,53 @@
+"""``ray-saturn status RUN_DIR``: each task's state, strategy, GPUs, progress and ETA."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ray_saturn.runtime.api import run_status
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("status", help="show the state of a run", description=__doc__)
+    p.add_argument("run_dir", help="the run folder (local path or URI)")
+    p.add_argument("--json", action="store_true", help="print the persisted state as JSON")
+    p.set_defaults(func=run)
+
+
+def _eta(s: float | None) -> str:
+    if s is None:
+        return "?"
+    h, rem = divmod(int(s), 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}"
+
+
+def run(args: argparse.Namespace) -> int:
+    state = run_status(args.run_dir)
+    if args.json:
+        print(json.dumps(state))
+        return 0
+    tasks = state.get("tasks", {})
+    w = max([4] + [len(t) for t in tasks])
+    print(
+        f"driver: {state.get('driver_state')}  t={state.get('time_s', 0):.0f} s  "
+        f"re-plans {state.get('replans', 0)}  moves {state.get('moves', 0)}"
+        + (f"  ({state['reason']})" if state.get("reason") else "")
+    )
+    print(
+        f"{'task':<{w}}  {'state':<10} {'strategy':<14} {'gpus':>4}  "
+        f"{'progress':>17}  {'eta':>9}  nodes"
+    )
+    for name, t in tasks.items():
+        pct = 100.0 * t["steps_done"] / max(1, t["total_steps"])
+        prog = f"{t['steps_done']}/{t['total_steps']} {pct:3.0f}%"
+        line = (
+            f"{name:<{w}}  {t['state']:<10} {t.get('strategy') or '-':<14} "
+            f"{t.get('gpus') or '-':>4}  "
+            f"{prog:>17}  {_eta(t.get('eta_s')):>9}  {','.join(t.get('nodes') or [])}"
+        )
+        if t["state"] == "failed" and t.get("reason"):
+            line += f"  reason: {t['reason']}"
+        print(line)
+    return 0
