@@ -1,0 +1,149 @@
+"""Placement-group manager, TorchTrainer hand-over and emulation on a local Ray cluster.
+
+One ``ray.cluster_utils.Cluster`` for the module: a GPU-less head and two
+nodes of two logical GPUs each.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from ray_saturn import ClusterSpec, ProfileTable  # noqa: E402
+from ray_saturn.runtime.api import emulate, emulated_cluster  # noqa: E402
+from ray_saturn.runtime.ledger import LedgerError  # noqa: E402
+from ray_saturn.runtime.pg_manager import PlacementGroupManager  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with emulated_cluster(2, 2) as c:
+        yield c
+
+
+def _bundle_nodes(pg) -> set[str]:
+    from ray.util import placement_group_table
+
+    return set(placement_group_table(pg)["bundles_to_node_id"].values())
+
+
+def test_reservation_is_pinned_to_the_planned_node_and_never_overbooked(cluster):
+    spec = ClusterSpec.from_ray()
+    assert [n.gpus for n in spec.nodes] == [2, 2]
+    mgr = PlacementGroupManager(spec)
+    a, b = spec.nodes
+    try:
+        mgr.reserve("t1", (b.name,), 2)
+        assert mgr.wait_ready("t1", 20)
+        assert _bundle_nodes(mgr._holds["t1"]) == {b.node_id}
+        with pytest.raises(LedgerError, match="which has 0 free of 2"):
+            mgr.reserve("t2", (b.name,), 1)
+        mgr.release("t1")
+        mgr.reserve("t3", (a.name, b.name), 1)
+        assert mgr.wait_ready("t3", 20)
+        assert _bundle_nodes(mgr._holds["t3"]) == {a.node_id, b.node_id}
+    finally:
+        mgr.release_all()
+
+
+def test_hold_waits_until_the_gpus_are_really_free(cluster):
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    spec = ClusterSpec.from_ray()
+    node = spec.nodes[0]
+
+    @ray.remote(num_gpus=2, num_cpus=0)
+    class Squatter:
+        def ping(self):
+            return True
+
+    squatter = Squatter.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False)
+    ).remote()
+    ray.get(squatter.ping.remote())
+    mgr = PlacementGroupManager(spec)
+    try:
+        mgr.reserve("t", (node.name,), 1)
+        assert not mgr.wait_ready("t", 1.0), "another holder still has the GPUs"
+        ray.kill(squatter)
+        assert mgr.wait_ready("t", 20)
+        assert mgr.is_ready("t")
+    finally:
+        mgr.release_all()
+
+
+def test_torch_trainer_runs_on_the_gpus_the_plan_gave(cluster, tmp_path):
+    """The hand-over: hold released, TorchTrainer pinned by label selector to the planned node."""
+    from ray.train import RunConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    spec = ClusterSpec.from_ray()
+    target = spec.nodes[1]
+    mgr = PlacementGroupManager(spec)
+    mgr.reserve("pinned", (target.name,), 2)
+    assert mgr.wait_ready("pinned", 20)
+    placement = mgr.hand_over("pinned")
+    assert "pinned" not in mgr._holds and mgr.ledger.free(target.name) == 0
+    out = tmp_path / "where"
+    out.mkdir()
+
+    def loop(config):
+        import os
+
+        import ray.train
+        import torch.distributed as dist
+
+        rank = ray.train.get_context().get_world_rank()
+        assert dist.is_initialized() and dist.get_world_size() == 2
+        with open(os.path.join(config["out"], f"rank{rank}.json"), "w") as f:
+            node = ray.get_runtime_context().get_node_id()
+            json.dump({"node": node, "gpus": ray.get_gpu_ids()}, f)
+
+    trainer = TorchTrainer(
+        loop,
+        train_loop_config={"out": str(out)},
+        torch_config=TorchConfig(backend="gloo"),
+        scaling_config=placement.scaling_config(),
+        run_config=RunConfig(name="pinned", storage_path=str(tmp_path / "train")),
+    )
+    trainer.fit()
+    mgr.release("pinned")
+    where = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert {w["node"] for w in where} == {target.node_id}
+    assert sorted(int(w["gpus"][0]) for w in where) == [0, 1]
+
+
+def _profile(n=4, steps=400):
+    rows = []
+    for i in range(n):
+        for g in (1, 2):
+            rows.append({"task": f"job-{i}", "strategy": "ddp", "gpus": g,
+                         "step_time_s": round(1.0 / g**0.8, 4), "steps": steps * (1 + i % 2)})
+    return ProfileTable.from_rows(rows)
+
+
+def test_emulation_reports_contract_3(cluster, tmp_path):
+    t0 = time.time()
+    out = emulate(_profile(), 2, 2, time_scale=0.01, storage=tmp_path / "run", use_running_ray=True,
+                  policy="saturn-static")
+    assert time.time() - t0 < 60
+    assert out["state"] == "finished"
+    for key in ("planned_makespan_s", "realised_makespan_s", "moves", "replans", "tasks"):
+        assert key in out
+    assert out["realised_makespan_s"] <= 1.25 * out["planned_makespan_s"]
+    assert out["moves"] == 0  # the static policy never moves
+    names = {n.name for n in ClusterSpec.from_ray().nodes}
+    for t in out["tasks"]:
+        assert t["state"] == "finished" and t["steps_done"] == t["total_steps"]
+        for s in t["segments"]:
+            assert set(s["nodes"]) <= names and s["end_s"] > s["start_s"] >= 0
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert any(e["kind"] == "replan" and e["reasons"] for e in events)
+    # Checkpoints went through the task folders of the run.
+    assert list((tmp_path / "run" / "tasks").glob("*/emulated/step-*.json"))
