@@ -23,14 +23,26 @@ def profile(n=3, steps=100, gpus=(1, 2)):
     rows = []
     for i in range(n):
         for g in gpus:
-            rows.append({"task": f"t{i}", "strategy": "ddp", "gpus": g,
-                         "step_time_s": round(1.0 / g**0.8, 4), "steps": steps})
+            rows.append(
+                {
+                    "task": f"t{i}",
+                    "strategy": "ddp",
+                    "gpus": g,
+                    "step_time_s": round(1.0 / g**0.8, 4),
+                    "steps": steps,
+                }
+            )
     return ProfileTable.from_rows(rows)
 
 
 def config(**kw):
-    base = dict(solver_time_limit_s=1.0, checkpoint_interval_s=10.0, poll_wall_s=2.0, restart_s=5.0,
-                node_check_wall_s=0.0)
+    base = dict(
+        solver_time_limit_s=1.0,
+        checkpoint_interval_s=10.0,
+        poll_wall_s=2.0,
+        restart_s=5.0,
+        node_check_wall_s=0.0,
+    )
     base.update(kw)
     return DriverConfig(**base)
 
@@ -87,8 +99,12 @@ def test_off_estimate_replans_and_moves_with_reasons(tmp_path):
 
 
 def test_killed_worker_resumes_from_its_last_checkpoint(tmp_path):
-    d, _, launcher = make(tmp_path, prof=profile(n=2, steps=100), cluster=ClusterSpec.uniform(1, 2),
-                          checkpoint_interval_s=10.0)
+    d, _, launcher = make(
+        tmp_path,
+        prof=profile(n=2, steps=100),
+        cluster=ClusterSpec.uniform(1, 2),
+        checkpoint_interval_s=10.0,
+    )
     while not any(r.steps_done >= 35 for r in d.records.values()):
         d.step()
     victim = next(t for t, r in d.records.items() if r.steps_done >= 35)
@@ -126,8 +142,9 @@ def test_lost_node_replans_onto_the_others(tmp_path):
     result = d.run(max_steps=10_000)
     assert result.state == "finished"
     assert all(r.steps_done == r.total_steps for r in result.tasks.values())
-    interrupted = [s for r in result.tasks.values() for s in r.segments
-                   if s.status == "interrupted"]
+    interrupted = [
+        s for r in result.tasks.values() for s in r.segments if s.status == "interrupted"
+    ]
     assert interrupted, "the lost node was running something"
     for rec in result.tasks.values():
         cut = [s for s in rec.segments if s.status == "interrupted"]
@@ -142,12 +159,19 @@ def test_lost_node_replans_onto_the_others(tmp_path):
 
 def test_resume_after_the_driver_died(tmp_path):
     prof = ProfileTable.from_rows(
-        [{"task": f"t{i}", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": n}
-         for i, n in enumerate((40, 100, 150))]
+        [
+            {"task": f"t{i}", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": n}
+            for i, n in enumerate((40, 100, 150))
+        ]
     )
     first = FakeLauncher()
-    d, _, _ = make(tmp_path, prof=prof, launcher=first, cluster=ClusterSpec.uniform(1, 2),
-                   checkpoint_interval_s=10.0)
+    d, _, _ = make(
+        tmp_path,
+        prof=prof,
+        launcher=first,
+        cluster=ClusterSpec.uniform(1, 2),
+        checkpoint_interval_s=10.0,
+    )
     while not any(r.state == "finished" for r in d.records.values()) or all(
         r.state == "finished" for r in d.records.values()
     ):
@@ -161,8 +185,15 @@ def test_resume_after_the_driver_died(tmp_path):
     second = FakeLauncher()
     second.checkpoints = dict(first.checkpoints)
     records = {t: TaskRecord.from_dict(r) for t, r in state["tasks"].items()}
-    d2 = Driver(prof, LedgerManager(ClusterSpec.uniform(1, 2)), second, RunStorage(tmp_path),
-                config(checkpoint_interval_s=10.0), records=records, clock_offset_s=state["time_s"])
+    d2 = Driver(
+        prof,
+        LedgerManager(ClusterSpec.uniform(1, 2)),
+        second,
+        RunStorage(tmp_path),
+        config(checkpoint_interval_s=10.0),
+        records=records,
+        clock_offset_s=state["time_s"],
+    )
     result = d2.run(max_steps=10_000)
     assert result.state == "finished"
     assert all(r.steps_done == r.total_steps for r in result.tasks.values())

@@ -123,15 +123,29 @@ def _profile(n=4, steps=400):
     rows = []
     for i in range(n):
         for g in (1, 2):
-            rows.append({"task": f"job-{i}", "strategy": "ddp", "gpus": g,
-                         "step_time_s": round(1.0 / g**0.8, 4), "steps": steps * (1 + i % 2)})
+            rows.append(
+                {
+                    "task": f"job-{i}",
+                    "strategy": "ddp",
+                    "gpus": g,
+                    "step_time_s": round(1.0 / g**0.8, 4),
+                    "steps": steps * (1 + i % 2),
+                }
+            )
     return ProfileTable.from_rows(rows)
 
 
 def test_emulation_reports_contract_3(cluster, tmp_path):
     t0 = time.time()
-    out = emulate(_profile(), 2, 2, time_scale=0.01, storage=tmp_path / "run", use_running_ray=True,
-                  policy="saturn-static")
+    out = emulate(
+        _profile(),
+        2,
+        2,
+        time_scale=0.01,
+        storage=tmp_path / "run",
+        use_running_ray=True,
+        policy="saturn-static",
+    )
     assert time.time() - t0 < 60
     assert out["state"] == "finished"
     for key in ("planned_makespan_s", "realised_makespan_s", "moves", "replans", "tasks"):

@@ -67,6 +67,7 @@ class RunSettings:
     workload: str | None = None
     report_interval_s: float = 0.5
     cpus_per_worker: float = 0.0
+    emulated_cluster: dict[str, int] | None = None  # {"nodes": N, "gpus_per_node": G}
 
     def __post_init__(self) -> None:
         check_name(self.name, "run name")
@@ -116,8 +117,11 @@ def _actor_cls():
 
             storage = RunStorage(storage_uri)
             manager = PlacementGroupManager(
-                ClusterSpec.from_ray(), cpus_per_worker=settings.cpus_per_worker
+                ClusterSpec.from_ray(),
+                cpus_per_worker=settings.cpus_per_worker,
+                run_name=settings.name,
             )
+            manager.reclaim_stale()
             if settings.mode == "emulate":
                 launcher = EmulatedLauncher(
                     manager,
@@ -464,6 +468,7 @@ def emulate(
     storage: str | os.PathLike[str] | None = None,
     config: DriverConfig | None = None,
     use_running_ray: bool = False,
+    name: str | None = None,
 ) -> dict[str, Any]:
     """Run the real runtime on emulated tasks (contract 3); times in profile seconds.
 
@@ -493,9 +498,14 @@ def emulate(
     )
     if config is not None:
         cfg = DriverConfig(**{**asdict(config), "policy": policy, "seed": seed})
-    name = f"emulate-{uuid.uuid4().hex[:8]}"
+    name = name or f"emulate-{uuid.uuid4().hex[:8]}"
     settings = RunSettings(
-        name=name, mode="emulate", driver=cfg, time_scale=time_scale, noise=noise
+        name=name,
+        mode="emulate",
+        driver=cfg,
+        time_scale=time_scale,
+        noise=noise,
+        emulated_cluster={"nodes": nodes, "gpus_per_node": gpus_per_node},
     )
     tmp = None
     if storage is None:
@@ -505,9 +515,6 @@ def emulate(
         storage = tmp
     store = RunStorage(storage)
     _prepare(store, settings, table)
-    run_info = store.read_json(RUN_FILE)
-    run_info["emulated_cluster"] = {"nodes": nodes, "gpus_per_node": gpus_per_node}
-    store.write_json(RUN_FILE, run_info)
     ctx = contextlib.nullcontext() if use_running_ray else emulated_cluster(nodes, gpus_per_node)
     with ctx:
         t0 = time.time()

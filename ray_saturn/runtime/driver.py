@@ -432,6 +432,9 @@ class Driver:
         except SaturnError as exc:
             logger.error("driver failed in %s: %s", prev.name, exc)
             self.state = Failed(str(exc))
+        except Exception as exc:  # a bug or a Ray failure: stop, keep the state resumable
+            logger.exception("driver crashed in %s", prev.name)
+            self.state = Failed(f"{type(exc).__name__} in {prev.name}: {exc}".splitlines()[0])
         if type(self.state) is not type(prev):
             logger.debug("driver: %s -> %s", prev.name, self.state.name)
             if self.state.terminal:

@@ -37,10 +37,10 @@ from ray_saturn.runtime.launcher import (
     Launcher,
     LauncherEvent,
     LaunchSpec,
-    ProgressBoard,
     Reporter,
     StopRequested,
     board_events,
+    new_board,
 )
 from ray_saturn.runtime.pg_manager import PlacementGroupManager
 
@@ -162,7 +162,7 @@ class EmulatedLauncher(Launcher):
         self.noise = float(noise)
         self.seed = int(seed)
         self.report_interval_s = report_interval_s
-        self.board = ProgressBoard().remote()
+        self.board = new_board()
         self._remote = ray.remote(num_cpus=0, max_retries=0)(run_emulated_segment)
         self._running: dict[Any, LaunchSpec] = {}
         self._by_task: dict[str, LaunchSpec] = {}

@@ -42,6 +42,7 @@ __all__ = [
     "Reporter",
     "Started",
     "StopRequested",
+    "new_board",
 ]
 
 logger = logging.getLogger(__name__)
@@ -191,6 +192,19 @@ def ProgressBoard():
     if _BOARD is None:
         _BOARD = _board_cls()
     return _BOARD
+
+
+def new_board() -> Any:
+    """A progress board on this node (the driver's), so it goes only where the driver goes."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    return (
+        ProgressBoard()
+        .options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True))
+        .remote()
+    )
 
 
 def board_events(rows: list[tuple]) -> list[LauncherEvent]:

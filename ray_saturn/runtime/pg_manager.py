@@ -101,7 +101,9 @@ class NodeChanges:
 class PlacementGroupManager:
     """Ledger of GPU bundles per node plus the Ray placement groups that hold them."""
 
-    def __init__(self, cluster: ClusterSpec, *, cpus_per_worker: float = 0.0) -> None:
+    def __init__(
+        self, cluster: ClusterSpec, *, cpus_per_worker: float = 0.0, run_name: str = "default"
+    ) -> None:
         missing = [n.name for n in cluster.nodes if not n.node_id]
         if missing:
             raise SaturnError(
@@ -110,6 +112,7 @@ class PlacementGroupManager:
             )
         self.ledger = GpuLedger(cluster)
         self.cpus_per_worker = float(cpus_per_worker)
+        self.prefix = f"ray_saturn:{run_name}:"
         self._holds: dict[str, Any] = {}
         self._ready: dict[str, Any] = {}
 
@@ -126,7 +129,7 @@ class PlacementGroupManager:
             pg = placement_group(
                 bundles,
                 strategy=strategy,
-                name=f"ray_saturn:{task}",
+                name=f"{self.prefix}{task}",
                 bundle_label_selector=[{NODE_LABEL: i} for i in ids],
             )
         except Exception:
@@ -190,6 +193,31 @@ class PlacementGroupManager:
     def release_all(self) -> None:
         for r in self.ledger.reservations():
             self.release(r.task)
+
+    def reclaim_stale(self) -> list[str]:
+        """Remove holds left by an earlier driver of the same run (it was killed).
+
+        Ray ties a placement group to the job, not to the actor that made
+        it, so the holds of a killed driver actor outlive it while the job
+        runs. They carry this run's name, so a resumed driver removes them
+        before it reserves anything. Returns the names removed.
+        """
+        from ray.util import placement_group_table
+        from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+        removed = []
+        for pg_id, info in placement_group_table().items():
+            name = info.get("name") or ""
+            if name.startswith(self.prefix) and info.get("state") != "REMOVED":
+                import ray
+
+                remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
+                removed.append(name)
+        if removed:
+            logger.warning(
+                "removed %d placement group(s) left by an earlier driver of this run", len(removed)
+            )
+        return removed
 
     # ------------------------------------------------------------- nodes
     def sync_nodes(self) -> NodeChanges:

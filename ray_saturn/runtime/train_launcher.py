@@ -43,10 +43,10 @@ from ray_saturn.runtime.launcher import (
     Launcher,
     LauncherEvent,
     LaunchSpec,
-    ProgressBoard,
     Reporter,
     StopRequested,
     board_events,
+    new_board,
 )
 from ray_saturn.runtime.pg_manager import PlacementGroupManager
 from ray_saturn.runtime.storage import RunStorage
@@ -104,7 +104,7 @@ class TrainLauncher(Launcher):
         self.storage = storage
         self.tasks = dict(tasks)
         self.report_interval_s = report_interval_s
-        self.board = ProgressBoard().remote()
+        self.board = new_board()
         self._backend = backend
         self._exits: queue.Queue[Exited] = queue.Queue()
         self._threads: dict[str, threading.Thread] = {}
