@@ -18,6 +18,8 @@ from ray_saturn.errors import InfeasibleError, PlanError, ProfileError, SaturnEr
 from ray_saturn.plan import Assignment, Plan, validate_plan
 from ray_saturn.profile_table import Config, ProfileTable
 from ray_saturn.profiler import profile
+from ray_saturn.runtime.api import emulate, resume, run, run_status
+from ray_saturn.runtime.driver import DriverConfig, DriverResult
 from ray_saturn.solver import policy_names
 from ray_saturn.solver import solve as plan
 from ray_saturn.spec import ClusterSpec, NodeSpec, Task
@@ -28,6 +30,8 @@ __all__ = [
     "Assignment",
     "ClusterSpec",
     "Config",
+    "DriverConfig",
+    "DriverResult",
     "InfeasibleError",
     "NodeSpec",
     "Plan",
@@ -39,8 +43,12 @@ __all__ = [
     "SaturnError",
     "SpecError",
     "Task",
+    "emulate",
     "plan",
     "policy_names",
     "profile",
+    "resume",
+    "run",
+    "run_status",
     "validate_plan",
 ]

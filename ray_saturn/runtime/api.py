@@ -308,7 +308,7 @@ def run(
         if cluster is not None:
             _check_cluster(cluster, live)
         if profile is None:
-            from ray_saturn import profile as profile_fn  # the profiler (strategies issue)
+            from ray_saturn.profiler import profile as profile_fn
 
             table = profile_fn(task_list, live)
         elif isinstance(profile, ProfileTable):
@@ -398,9 +398,9 @@ def _check_profile(profile: ProfileTable, tasks: list[Task]) -> None:
         raise SaturnError(
             f"the profile has task(s) {', '.join(extra[:5])} that are not in the workload"
         )
-    from ray_saturn.strategies import registered_names
+    from ray_saturn.strategies import strategy_names
 
-    profile.check_strategies(registered_names())
+    profile.check_strategies(strategy_names())
     profile.check_feasible()
 
 

@@ -222,21 +222,42 @@ class Reporter:
 
     Called once per step with ``{"step", "loss", "step_time_s"}``; sends the
     first call and then at most one message every ``interval_s``. When the
-    board says the segment must stop, raises :class:`StopRequested`.
+    board says the segment must stop, raises :class:`StopRequested`: at once,
+    or, with ``checkpoint_every``, at the first step after a checkpoint (the
+    strategies checkpoint step ``s`` right after reporting it, so stopping at
+    ``s + 1`` loses one step instead of up to a checkpoint interval).
     """
 
-    def __init__(self, board: Any, task: str, attempt: int, interval_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        board: Any,
+        task: str,
+        attempt: int,
+        interval_s: float = 0.5,
+        checkpoint_every: int | None = None,
+    ) -> None:
         self.board = board
         self.task = task
         self.attempt = attempt
         self.interval_s = interval_s
+        self.checkpoint_every = checkpoint_every
         self._last = 0.0
         self._sent_first = False
+        self._stopping = False
         self._times: list[float] = []
+
+    def _maybe_stop(self, step: int) -> None:
+        if not self._stopping:
+            return
+        if self.checkpoint_every is None or (step - 1) % self.checkpoint_every == 0:
+            raise StopRequested(
+                f"task {self.task!r}: the driver asked segment {self.attempt} to stop"
+            )
 
     def __call__(self, metrics: dict[str, Any]) -> None:
         import ray
 
+        self._maybe_stop(int(metrics["step"]))
         if metrics.get("step_time_s") is not None:
             self._times.append(float(metrics["step_time_s"]))
         now = time.time()
@@ -260,6 +281,5 @@ class Reporter:
         self._sent_first = True
         self._last = now
         if stop:
-            raise StopRequested(
-                f"task {self.task!r}: the driver asked segment {self.attempt} to stop"
-            )
+            self._stopping = True
+            self._maybe_stop(int(metrics["step"]))

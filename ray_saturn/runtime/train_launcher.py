@@ -71,7 +71,13 @@ def train_loop(config: dict[str, Any]) -> None:
     rank = ray.train.get_context().get_world_rank()
     spec: LaunchSpec = config["spec"]
     if rank == 0:
-        report = Reporter(config["board"], spec.task, spec.attempt, config["report_interval_s"])
+        report = Reporter(
+            config["board"],
+            spec.task,
+            spec.attempt,
+            config["report_interval_s"],
+            checkpoint_every=spec.checkpoint_every,
+        )
     else:
 
         def report(metrics: dict[str, Any]) -> None:

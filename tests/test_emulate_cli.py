@@ -1,0 +1,79 @@
+"""``ray-saturn emulate`` end to end (its own local cluster), ``status``, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ray_saturn.cli import main
+
+ROWS = "task,strategy,gpus,step_time_s,steps\n" + "".join(
+    f"job-{i},ddp,{g},{1.0 / g**0.8:.4f},{300 * (1 + i % 2)}\n" for i in range(4) for g in (1, 2)
+)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
+    code = "import sys; from ray_saturn.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=240)
+
+
+@pytest.mark.ray
+def test_emulate_json_contract_and_status(tmp_path):
+    prof = tmp_path / "p.csv"
+    prof.write_text(ROWS)
+    run_dir = tmp_path / "run"
+    res = _cli(
+        "emulate",
+        str(prof),
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--time-scale",
+        "0.01",
+        "--noise",
+        "0.2",
+        "--run-dir",
+        str(run_dir),
+        "--json",
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert {"planned_makespan_s", "realised_makespan_s", "moves", "replans", "tasks"} <= set(out)
+    assert len(out["tasks"]) == 4
+    for t in out["tasks"]:
+        assert t["state"] == "finished" and t["steps_done"] == t["total_steps"]
+        seg = t["segments"][0]
+        assert {"strategy", "gpus", "nodes", "start_s", "end_s"} <= set(seg)
+    # Profile seconds, not wall: 600 steps of ~1 s can not end before ~600 s.
+    assert out["realised_makespan_s"] > 500
+    st = _cli("status", str(run_dir))
+    assert st.returncode == 0, st.stderr
+    assert "driver: finished" in st.stdout and "job-3" in st.stdout and "100%" in st.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["emulate", "{p}", "--nodes", "0", "--gpus-per-node", "2", "--time-scale", "1"], "at least 1"),
+        (["emulate", "{p}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "0"], "factor > 0"),
+        (["emulate", "{missing}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "1"], "no such profile file"),
+        (["status", "{missing}"], "no such run folder"),
+        (["resume", "{missing}"], "no such run folder"),
+        (["run", "{missing}", "--run-dir", "{missing}"], "no such workload file"),
+    ],
+)
+def test_bad_input_is_one_line(tmp_path, capsys, args, message):
+    prof = tmp_path / "p.csv"
+    prof.write_text(ROWS)
+    missing = str(tmp_path / "nope")
+    argv = [a.format(p=prof, missing=missing) for a in args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
