@@ -1,0 +1,67 @@
+"""Tasks trained for real: ``ray_saturn.run`` with TorchTrainer segments on logical GPUs.
+
+Needs the strategies (``ray_saturn.strategies.train_worker``); skipped where
+they are not installed. One trainer start costs 10-20 s here, so this is one
+short run: a task that trains to its step count, and a task whose every
+configuration fails (its model cannot be built), which is marked failed with
+the reason while the other finishes.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+ray = pytest.importorskip("ray")
+torch = pytest.importorskip("torch")
+strategies = pytest.importorskip("ray_saturn.strategies")
+pytest.importorskip("ray_saturn.strategies.worker")
+
+import ray_saturn  # noqa: E402
+from ray_saturn import ProfileTable, Task  # noqa: E402
+from ray_saturn.runtime.api import emulated_cluster  # noqa: E402
+from ray_saturn.runtime.driver import DriverConfig  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+
+def _model(hp):
+    return torch.nn.Linear(4, 1)
+
+
+def _broken_model(hp):
+    raise RuntimeError("this model cannot be built")
+
+
+def _data(hp):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)) for _ in range(4)]
+
+
+def _loss(out, batch):
+    return torch.nn.functional.mse_loss(out, batch[1])
+
+
+def _opt(params, hp):
+    return torch.optim.SGD(params, lr=hp["lr"])
+
+
+def test_run_trains_and_marks_a_task_whose_every_configuration_fails(tmp_path):
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    good = Task("good", _model, _data, _loss, _opt, {"lr": 0.1}, max_steps=30)
+    bad = Task("bad", _broken_model, _data, _loss, _opt, {"lr": 0.1}, max_steps=30)
+    profile = ProfileTable.from_rows(
+        [{"task": t, "strategy": "ddp", "gpus": 2, "step_time_s": 0.05, "steps": 30} for t in ("good", "bad")]
+        + [{"task": t, "strategy": "single", "gpus": 1, "step_time_s": 0.08, "steps": 30} for t in ("good", "bad")]
+    )
+    cfg = DriverConfig(checkpoint_interval_s=0.5, solver_time_limit_s=1.0, max_failures=1, restart_s=5.0)
+    with emulated_cluster(1, 2):
+        result = ray_saturn.run(
+            [good, bad], storage=tmp_path / "run", profile=profile, config=cfg, policy="saturn-replan"
+        )
+    assert result.state == "finished"
+    assert result.tasks["good"].state == "finished" and result.tasks["good"].steps_done == 30
+    assert result.tasks["bad"].state == "failed"
+    assert "cannot be built" in result.tasks["bad"].reason
+    assert strategies.latest_step(str(tmp_path / "run" / "tasks" / "good" / "checkpoints")) == 30
