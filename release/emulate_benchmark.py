@@ -114,21 +114,23 @@ def main() -> None:
                 f"realised {out['realised_makespan_s']:.0f} s ({ratio:.3f}x), "
                 f"{out['replans']} re-plans, {out['moves']} moves, median launch latency "
                 f"{out['launch_latency_s']:.1f} s ({out['launch_latency_s'] * scale:.3f} s wall), "
+                f"plan start to first step {out['plan_start_to_first_step_s']:.1f} s, "
                 f"wall {out['wall_s']:.0f} s, {out['state']}",
                 flush=True,
             )
     print()
     print(
         "| run | policy | noise | planned makespan (s) | realised (s) | realised / planned | re-plans | moves "
-        "| median launch latency (s / wall s) |"
+        "| median launch latency (s / wall s) | plan start to first step (s / wall s) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for i, r in enumerate(runs, 1):
         print(
             f"| {i} | {r['policy']} | {r['noise']:.0%} | {r['planned_makespan_s']:.0f} | "
             f"{r['realised_makespan_s']:.0f} | {r['realised_makespan_s'] / r['planned_makespan_s']:.3f} | "
             f"{r['replans']} | {r['moves']} | {r['launch_latency_s']:.1f} / "
-            f"{r['launch_latency_s'] * scale:.3f} |"
+            f"{r['launch_latency_s'] * scale:.3f} | {r['plan_start_to_first_step_s']:.1f} / "
+            f"{r['plan_start_to_first_step_s'] * scale:.3f} |"
         )
     noisy = {r["policy"]: r["realised_makespan_s"] for r in runs if r["noise"] > 0}
     if len(noisy) == 2:
