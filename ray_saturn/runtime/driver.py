@@ -298,6 +298,8 @@ class Moving(DriverState):
     def step(self, d: Driver) -> DriverState:
         if d.stopping:
             d.pump(d.config.poll_wall_s)
+            # Launches whose GPUs are free need not wait for the moves to finish.
+            d.start_ready_launches()
         if d.stopping:
             return self
         return Replanning() if d.inbox else Launching()
