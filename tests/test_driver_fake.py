@@ -142,9 +142,7 @@ def test_lost_node_replans_onto_the_others(tmp_path):
     result = d.run(max_steps=10_000)
     assert result.state == "finished"
     assert all(r.steps_done == r.total_steps for r in result.tasks.values())
-    interrupted = [
-        s for r in result.tasks.values() for s in r.segments if s.status == "interrupted"
-    ]
+    interrupted = [s for r in result.tasks.values() for s in r.segments if s.status == "interrupted"]
     assert interrupted, "the lost node was running something"
     for rec in result.tasks.values():
         cut = [s for s in rec.segments if s.status == "interrupted"]
@@ -207,3 +205,21 @@ def test_resume_after_the_driver_died(tmp_path):
         seg = result.tasks[spec.task].segments[-1]
         assert seg.steps_start == start
     assert result.realised_makespan_s > state["time_s"]
+
+
+def test_a_task_arriving_later_is_planned_when_it_arrives(tmp_path):
+    prof = profile(n=3, steps=100)
+    d = Driver(
+        prof,
+        LedgerManager(ClusterSpec.uniform(2, 2)),
+        FakeLauncher(),
+        RunStorage(tmp_path),
+        config(),
+        arrivals={"t2": 50.0},
+    )
+    result = d.run(max_steps=10_000)
+    assert result.state == "finished"
+    assert result.tasks["t2"].segments[0].launch_s >= 50.0
+    assert all(r.steps_done == r.total_steps for r in result.tasks.values())
+    events = RunStorage(tmp_path).read_jsonl(EVENTS_FILE)
+    assert any(e["kind"] == "replan" and "t2 arrived" in e["reasons"] and e["time_s"] >= 50 for e in events)

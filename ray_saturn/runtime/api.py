@@ -68,6 +68,7 @@ class RunSettings:
     report_interval_s: float = 0.5
     cpus_per_worker: float = 0.0
     emulated_cluster: dict[str, int] | None = None  # {"nodes": N, "gpus_per_node": G}
+    arrivals: dict[str, float] = field(default_factory=dict)  # task -> arrival (profile s)
 
     def __post_init__(self) -> None:
         check_name(self.name, "run name")
@@ -133,9 +134,7 @@ def _actor_cls():
             else:
                 if not tasks:
                     raise SaturnError("a training run needs its tasks")
-                launcher = TrainLauncher(
-                    manager, storage, tasks, report_interval_s=settings.report_interval_s
-                )
+                launcher = TrainLauncher(manager, storage, tasks, report_interval_s=settings.report_interval_s)
             info = dict(resume_info or {})
             self.driver = Driver(
                 profile,
@@ -150,6 +149,7 @@ def _actor_cls():
                     "replans": int(info.get("replans", 0)),
                     "moves": int(info.get("moves", 0)),
                 },
+                arrivals=settings.arrivals,
             )
             return self.driver.run().to_dict()
 
@@ -217,9 +217,7 @@ def start_driver(
             name=driver_name(settings.name),
             namespace=DRIVER_NAMESPACE,
             # The driver stays where it was started (the head node, or the job's node).
-            scheduling_strategy=NodeAffinitySchedulingStrategy(
-                ray.get_runtime_context().get_node_id(), soft=True
-            ),
+            scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
         )
         .remote()
     )
@@ -300,9 +298,7 @@ def run(
     cfg = config or DriverConfig(policy=policy)
     if config is not None and policy != cfg.policy:
         cfg = DriverConfig(**{**asdict(cfg), "policy": policy})
-    settings = RunSettings(
-        name=name or f"run-{uuid.uuid4().hex[:8]}", mode="train", driver=cfg, workload=workload
-    )
+    settings = RunSettings(name=name or f"run-{uuid.uuid4().hex[:8]}", mode="train", driver=cfg, workload=workload)
     with connected():
         live = ClusterSpec.from_ray()
         if cluster is not None:
@@ -390,14 +386,10 @@ def _check_profile(profile: ProfileTable, tasks: list[Task]) -> None:
     names = {t.name for t in tasks}
     missing = [t for t in names if t not in set(profile.tasks)]
     if missing:
-        raise SaturnError(
-            f"the profile has no rows for task(s) {', '.join(sorted(missing)[:5])}; profile them"
-        )
+        raise SaturnError(f"the profile has no rows for task(s) {', '.join(sorted(missing)[:5])}; profile them")
     extra = [t for t in profile.tasks if t not in names]
     if extra:
-        raise SaturnError(
-            f"the profile has task(s) {', '.join(extra[:5])} that are not in the workload"
-        )
+        raise SaturnError(f"the profile has task(s) {', '.join(extra[:5])} that are not in the workload")
     from ray_saturn.strategies import strategy_names
 
     profile.check_strategies(strategy_names())
@@ -406,9 +398,7 @@ def _check_profile(profile: ProfileTable, tasks: list[Task]) -> None:
 
 # ---------------------------------------------------------------- emulation
 @contextlib.contextmanager
-def emulated_cluster(
-    nodes: int, gpus_per_node: int, *, cpus_per_node: int | None = None
-) -> Iterator[Any]:
+def emulated_cluster(nodes: int, gpus_per_node: int, *, cpus_per_node: int | None = None) -> Iterator[Any]:
     """A local ``ray.cluster_utils.Cluster``: a GPU-less head and ``nodes`` nodes of logical GPUs.
 
     Each node gets as many logical CPUs as GPUs (default), so Ray keeps that
@@ -420,9 +410,7 @@ def emulated_cluster(
     from ray.cluster_utils import Cluster
 
     if ray.is_initialized():
-        raise SaturnError(
-            "Ray is already initialised in this process; emulation starts its own local cluster"
-        )
+        raise SaturnError("Ray is already initialised in this process; emulation starts its own local cluster")
     # A placement group that waits for GPUs a finished task is still handing back is
     # retried by the GCS with back-off up to 1 s by default; 100 ms suits time-scaled runs.
     system_config = {
@@ -469,6 +457,7 @@ def emulate(
     config: DriverConfig | None = None,
     use_running_ray: bool = False,
     name: str | None = None,
+    arrivals: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """Run the real runtime on emulated tasks (contract 3); times in profile seconds.
 
@@ -485,9 +474,7 @@ def emulate(
     table = profile if isinstance(profile, ProfileTable) else ProfileTable.read(profile)
     table.check_feasible()
     if not time_scale > 0:
-        raise SaturnError(
-            f"--time-scale is {time_scale}; give a factor > 0 (wall seconds per profile second)"
-        )
+        raise SaturnError(f"--time-scale is {time_scale}; give a factor > 0 (wall seconds per profile second)")
     cfg = config or DriverConfig(
         policy=policy,
         seed=seed,
@@ -506,6 +493,7 @@ def emulate(
         time_scale=time_scale,
         noise=noise,
         emulated_cluster={"nodes": nodes, "gpus_per_node": gpus_per_node},
+        arrivals=dict(arrivals or {}),
     )
     tmp = None
     if storage is None:
@@ -554,16 +542,11 @@ def emulation_report(result: DriverResult, store: RunStorage | None = None) -> d
             entry["reason"] = rec.reason
         tasks.append(entry)
     latencies = [
-        s.first_step_s - s.launch_s
-        for r in result.tasks.values()
-        for s in r.segments
-        if s.first_step_s is not None
+        s.first_step_s - s.launch_s for r in result.tasks.values() for s in r.segments if s.first_step_s is not None
     ]
     out: dict[str, Any] = {
         "state": result.state,
-        "planned_makespan_s": None
-        if result.planned_makespan_s is None
-        else round(result.planned_makespan_s, 3),
+        "planned_makespan_s": None if result.planned_makespan_s is None else round(result.planned_makespan_s, 3),
         "realised_makespan_s": round(result.realised_makespan_s, 3),
         "moves": result.moves,
         "replans": result.replans,

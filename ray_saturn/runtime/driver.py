@@ -248,7 +248,7 @@ class Planning(DriverState):
         d.launcher.prepare()
         d.restart_clock(at=d.clock_origin_s)
         t = d.now()
-        actions = d.controller.start(t)
+        actions = d.controller.start(t, arrived=d.arrived_by(t))
         # The clock stands still while the first plan is solved (its time is reported apart).
         d.restart_clock(at=t)
         d.execute(actions)
@@ -273,7 +273,7 @@ class Running(DriverState):
             return Replanning()
         if d.stopping:
             return Moving()
-        if d.controller.done and not d.active_segments():
+        if d.controller.done and not d.active_segments() and d.all_arrived():
             return Finished()
         if d.pending_launches():
             return Launching()
@@ -338,6 +338,8 @@ class Driver:
             (resume): finished tasks are not re-run, others restart from their
             latest checkpoint.
         clock_offset_s: driver-clock time already spent (resume).
+        arrivals: driver-clock time at which a task arrives (default: all at
+            the start); each arrival is an event the control plane re-plans on.
     """
 
     def __init__(
@@ -352,6 +354,7 @@ class Driver:
         clock_offset_s: float = 0.0,
         planned_makespan_s: float | None = None,
         counters: Mapping[str, int] | None = None,
+        arrivals: Mapping[str, float] | None = None,
     ) -> None:
         from ray_saturn.control.controller import Controller
 
@@ -415,6 +418,15 @@ class Driver:
         self._replans0 = int(counters.get("replans", 0))
         self._moves0 = int(counters.get("moves", 0))
         self.finished_at: float | None = None
+        left = set(self.controller.tasks)
+        self._arrivals = {t: float(s) for t, s in (arrivals or {}).items() if t in left}
+        self._arrived: set[str] = set()
+
+    def arrived_by(self, now: float) -> list[str]:
+        """Tasks that have arrived by ``now`` and were not announced yet (marks them announced)."""
+        out = [t for t in self.controller.tasks if t not in self._arrived and self._arrivals.get(t, 0.0) <= now]
+        self._arrived.update(out)
+        return out
 
     # ----------------------------------------------------------- clock
     def now(self) -> float:
@@ -441,9 +453,7 @@ class Driver:
             logger.debug("driver: %s -> %s", prev.name, self.state.name)
             if self.state.terminal:
                 self.finished_at = self.now()
-                self.log(
-                    {"kind": "run_" + self.state.name, "reason": getattr(self.state, "reason", "")}
-                )
+                self.log({"kind": "run_" + self.state.name, "reason": getattr(self.state, "reason", "")})
             self.persist(force=True)
         else:
             self.persist()
@@ -485,9 +495,7 @@ class Driver:
                 self.stopping[a.task] = (a, self.launcher.now())
                 rec.state = "stopping"
                 self.launcher.stop(a.task)
-                self.log(
-                    {"kind": "move", "task": a.task, "reason": a.reason, "to": a.target.to_dict()}
-                )
+                self.log({"kind": "move", "task": a.task, "reason": a.reason, "to": a.target.to_dict()})
             elif isinstance(a, Launch):
                 self._pending[a.task] = (a, self.now())
                 self.records[a.task].state = "launching"
@@ -505,6 +513,9 @@ class Driver:
             if self.planned_makespan_s is None:
                 self.planned_makespan_s = self.now() + plan.makespan_s
             self.storage.write_json(PLAN_FILE, plan.to_dict())
+
+    def all_arrived(self) -> bool:
+        return len(self._arrived) >= len(self.controller.tasks)
 
     def pending_launches(self) -> bool:
         return bool(self._pending)
@@ -600,6 +611,12 @@ class Driver:
                 self._on_progress(ev)
             elif isinstance(ev, Exited):
                 self._on_exited(ev)
+        from ray_saturn.control.events import TaskArrived
+
+        now = self.now()
+        for t in self.arrived_by(now):
+            self.log({"kind": "arrival", "task": t})
+            self.inbox.append(TaskArrived(time_s=now, task=t))
         wake = self.controller.next_wakeup_s()
         if wake is not None and self.now() >= wake and not self.inbox:
             from ray_saturn.control.events import Tick
@@ -677,9 +694,7 @@ class Driver:
             rec.state = "queued"
             rec.steps_done = rec.checkpointed_step
             if ev.status == "finished":
-                rec.steps_done = (
-                    rec.total_steps
-                )  # relaunch finds the final checkpoint and ends at once
+                rec.steps_done = rec.total_steps  # relaunch finds the final checkpoint and ends at once
             return
         if ev.status == "finished":
             rec.state = "finished"
@@ -759,9 +774,7 @@ class Driver:
         cost = statistics.median(self._latencies)
         if self._stop_costs:
             cost += statistics.median(self._stop_costs)
-        cost += (
-            0.5 * self.config.checkpoint_interval_s
-        )  # work lost on average when a move is not at a checkpoint
+        cost += 0.5 * self.config.checkpoint_interval_s  # work lost on average when a move is not at a checkpoint
         self.controller.set_restart_cost(cost)
 
     # ----------------------------------------------------------- persistence

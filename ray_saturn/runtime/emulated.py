@@ -50,9 +50,7 @@ logger = logging.getLogger(__name__)
 _SUBDIR = "emulated"
 
 
-def noise_factor(
-    task: str, strategy: str, gpus: int, nodes: int, *, noise: float, seed: int
-) -> float:
+def noise_factor(task: str, strategy: str, gpus: int, nodes: int, *, noise: float, seed: int) -> float:
     """The seeded factor on a configuration's true step time."""
     if noise <= 0:
         return 1.0
@@ -95,18 +93,12 @@ def _save(checkpoint_dir: str, step: int) -> None:
     # Keep the newest two.
     import pyarrow.fs as pafs
 
-    old = sorted(
-        i.path
-        for i in fs.get_file_info(pafs.FileSelector(folder))
-        if i.base_name.startswith("step-")
-    )
+    old = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(folder)) if i.base_name.startswith("step-"))
     for p in old[:-2]:
         fs.delete_file(p)
 
 
-def run_emulated_segment(
-    spec: LaunchSpec, board: Any, wall_step_s: float, report_interval_s: float
-) -> dict:
+def run_emulated_segment(spec: LaunchSpec, board: Any, wall_step_s: float, report_interval_s: float) -> dict:
     """Body of one emulated segment (runs as a Ray task inside the reserved bundle)."""
     step = latest_emulated_step(spec.checkpoint_dir)
     reporter = Reporter(board, spec.task, spec.attempt, report_interval_s)
@@ -191,13 +183,8 @@ class EmulatedLauncher(Launcher):
                 bundle_label_selector=[{"ray.io/node-id": str(self.manager.ledger.node_id(node))}],
             )
             pgs.append(pg)
-            strategy = PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=0
-            )
-            refs += [
-                warm.options(num_gpus=1, scheduling_strategy=strategy).remote(self.board)
-                for _ in range(g)
-            ]
+            strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=0)
+            refs += [warm.options(num_gpus=1, scheduling_strategy=strategy).remote(self.board) for _ in range(g)]
         try:
             ray.get(refs)
         finally:
@@ -206,12 +193,8 @@ class EmulatedLauncher(Launcher):
 
     def launch(self, spec: LaunchSpec) -> None:
         if spec.step_time_s is None:
-            raise ValueError(
-                f"task {spec.task!r}: an emulated segment needs the profile's step time"
-            )
-        f = noise_factor(
-            spec.task, spec.strategy, spec.gpus, len(spec.nodes), noise=self.noise, seed=self.seed
-        )
+            raise ValueError(f"task {spec.task!r}: an emulated segment needs the profile's step time")
+        f = noise_factor(spec.task, spec.strategy, spec.gpus, len(spec.nodes), noise=self.noise, seed=self.seed)
         wall_step = spec.step_time_s * self.time_scale * f
         ref = self._remote.options(
             num_gpus=spec.gpus_per_node,
@@ -254,9 +237,7 @@ class EmulatedLauncher(Launcher):
                 out = ray.get(ref)
                 events.append(Exited(spec.task, spec.attempt, now, out["status"], int(out["step"])))
             except Exception as exc:  # the worker died or raised
-                reason = (
-                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                )
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 events.append(
                     Exited(
                         spec.task,

@@ -200,11 +200,7 @@ def new_board() -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = ray.get_runtime_context().get_node_id()
-    return (
-        ProgressBoard()
-        .options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True))
-        .remote()
-    )
+    return ProgressBoard().options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
 
 
 def board_events(rows: list[tuple]) -> list[LauncherEvent]:
@@ -250,9 +246,7 @@ class Reporter:
         if not self._stopping:
             return
         if self.checkpoint_every is None or (step - 1) % self.checkpoint_every == 0:
-            raise StopRequested(
-                f"task {self.task!r}: the driver asked segment {self.attempt} to stop"
-            )
+            raise StopRequested(f"task {self.task!r}: the driver asked segment {self.attempt} to stop")
 
     def __call__(self, metrics: dict[str, Any]) -> None:
         import ray

@@ -83,24 +83,19 @@ class GpuLedger:
 
     def cluster(self) -> ClusterSpec:
         """The nodes the ledger knows now, as a ClusterSpec (for re-planning)."""
-        return ClusterSpec(
-            tuple(NodeSpec(n, g, self._node_ids[n]) for n, g in self._capacity.items())
-        )
+        return ClusterSpec(tuple(NodeSpec(n, g, self._node_ids[n]) for n, g in self._capacity.items()))
 
     # ------------------------------------------------------------ changes
     def reserve(self, task: str, nodes: Iterable[str], gpus_per_node: int) -> Reservation:
         nodes = tuple(nodes)
         if task in self._held:
             raise LedgerError(
-                f"task {task!r} already holds GPUs on {', '.join(self._held[task].nodes)}; "
-                "release them first"
+                f"task {task!r} already holds GPUs on {', '.join(self._held[task].nodes)}; release them first"
             )
         if not nodes or len(set(nodes)) != len(nodes):
             raise LedgerError(f"task {task!r}: nodes {list(nodes)} must be distinct and non-empty")
         if gpus_per_node < 1:
-            raise LedgerError(
-                f"task {task!r}: gpus_per_node is {gpus_per_node}; it must be at least 1"
-            )
+            raise LedgerError(f"task {task!r}: gpus_per_node is {gpus_per_node}; it must be at least 1")
         for n in nodes:
             self._check_node(n)
             if self.free(n) < gpus_per_node:
@@ -134,6 +129,4 @@ class GpuLedger:
 
     def _check_node(self, node: str) -> None:
         if node not in self._capacity:
-            raise LedgerError(
-                f"node {node!r} is not in the ledger (nodes: {', '.join(self._capacity) or 'none'})"
-            )
+            raise LedgerError(f"node {node!r} is not in the ledger (nodes: {', '.join(self._capacity) or 'none'})")

@@ -101,9 +101,7 @@ class NodeChanges:
 class PlacementGroupManager:
     """Ledger of GPU bundles per node plus the Ray placement groups that hold them."""
 
-    def __init__(
-        self, cluster: ClusterSpec, *, cpus_per_worker: float = 0.0, run_name: str = "default"
-    ) -> None:
+    def __init__(self, cluster: ClusterSpec, *, cpus_per_worker: float = 0.0, run_name: str = "default") -> None:
         missing = [n.name for n in cluster.nodes if not n.node_id]
         if missing:
             raise SaturnError(
@@ -136,9 +134,7 @@ class PlacementGroupManager:
             self.ledger.release(task)
             raise
         self._holds[task] = pg
-        logger.debug(
-            "reserved %s: %d GPU(s) on %s (%s)", task, res.gpus, ",".join(res.nodes), strategy
-        )
+        logger.debug("reserved %s: %d GPU(s) on %s (%s)", task, res.gpus, ",".join(res.nodes), strategy)
         return res
 
     def ready(self, task: str) -> Any:
@@ -161,9 +157,7 @@ class PlacementGroupManager:
         """Scheduling strategy that runs a Ray task or actor inside the hold's bundle."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        return PlacementGroupSchedulingStrategy(
-            placement_group=self._hold(task), placement_group_bundle_index=bundle
-        )
+        return PlacementGroupSchedulingStrategy(placement_group=self._hold(task), placement_group_bundle_index=bundle)
 
     def hand_over(self, task: str) -> TrainerPlacement:
         """Free the hold and return how to pin a TorchTrainer onto the same GPUs.
@@ -214,9 +208,7 @@ class PlacementGroupManager:
                 remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
                 removed.append(name)
         if removed:
-            logger.warning(
-                "removed %d placement group(s) left by an earlier driver of this run", len(removed)
-            )
+            logger.warning("removed %d placement group(s) left by an earlier driver of this run", len(removed))
         return removed
 
     # ------------------------------------------------------------- nodes

@@ -54,9 +54,7 @@ class RunStorage:
     def __init__(self, root: str | os.PathLike[str], *, create: bool = True) -> None:
         root = os.fspath(root)
         if not root:
-            raise StorageError(
-                "the run folder is empty; give a local path or a URI such as s3://bucket/run"
-            )
+            raise StorageError("the run folder is empty; give a local path or a URI such as s3://bucket/run")
         if "://" in root:
             try:
                 self.fs, path = pafs.FileSystem.from_uri(root)
@@ -134,9 +132,7 @@ class RunStorage:
             with self.fs.open_input_stream(path) as f:
                 return f.read()
         except FileNotFoundError:
-            raise StorageError(
-                f"{self.uri}: {name} does not exist; is this a ray_saturn run folder?"
-            ) from None
+            raise StorageError(f"{self.uri}: {name} does not exist; is this a ray_saturn run folder?") from None
 
     def read_json(self, name: str) -> Any:
         try:
