@@ -124,11 +124,12 @@ def _actor_cls():
             )
             manager.reclaim_stale()
             if settings.mode == "emulate":
+                from ray_saturn.sim.workload import true_step_times
+
                 launcher = EmulatedLauncher(
                     manager,
                     time_scale=settings.time_scale,
-                    noise=settings.noise,
-                    seed=settings.driver.seed,
+                    truth=true_step_times(profile, noise=settings.noise, seed=settings.driver.seed),
                     report_interval_s=min(settings.report_interval_s, 0.25),
                 )
             else:

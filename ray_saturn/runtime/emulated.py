@@ -3,10 +3,13 @@
 Each segment is a Ray task scheduled *inside* the placement group that the
 manager reserved for it (bundle 0, ``num_gpus`` = the GPUs per node of the
 assignment; the other bundles of a multi-node assignment stay held by the
-group). Its step sleeps ``step_time_s x time_scale x f``, where ``f`` is a
-per-(task, configuration) noise factor (``max(0.2, 1 + noise * N(0, 1))``,
-seeded; 1 without noise), so the driver's estimates are off the way real
-ones are. It reports through the same :class:`~ray_saturn.runtime.launcher.Reporter`
+group). Its step sleeps ``true_step_time_s x time_scale``. The true step
+times are drawn exactly as the simulator draws them
+(:func:`ray_saturn.sim.workload.true_step_times`: a seeded per-task factor
+of spread ``noise`` times a per-configuration jitter of a quarter of it; the
+profile's times without noise), so emulation and simulation face the same
+world and the driver's estimates are off the way real ones are. It
+reports through the same :class:`~ray_saturn.runtime.launcher.Reporter`
 and board as real workers, and checkpoints its step counter every
 ``checkpoint_every`` steps in the task's checkpoint folder (a local path or
 pyarrow URI, written atomically), restoring from the latest one when it
@@ -18,18 +21,18 @@ torch.distributed, the strategies' training code and DCP checkpoints (the
 10-20 s per start on a 2-core machine, too much for 32 tasks in 2 minutes).
 
 Example:
-    >>> noise_factor("a", "ddp", 2, 1, noise=0.0, seed=0)
-    1.0
+    >>> # inside a driver: EmulatedLauncher(manager, time_scale=0.01, truth=true_step_times(...))
+    >>> latest_emulated_step("/nonexistent/run/tasks/a")
+    0
 """
 
 from __future__ import annotations
 
 import logging
 import posixpath
-import random
 import time
 import uuid
-import zlib
+from collections.abc import Mapping
 from typing import Any
 
 from ray_saturn.runtime.launcher import (
@@ -44,18 +47,10 @@ from ray_saturn.runtime.launcher import (
 )
 from ray_saturn.runtime.pg_manager import PlacementGroupManager
 
-__all__ = ["EmulatedLauncher", "latest_emulated_step", "noise_factor", "run_emulated_segment"]
+__all__ = ["EmulatedLauncher", "latest_emulated_step", "run_emulated_segment"]
 
 logger = logging.getLogger(__name__)
 _SUBDIR = "emulated"
-
-
-def noise_factor(task: str, strategy: str, gpus: int, nodes: int, *, noise: float, seed: int) -> float:
-    """The seeded factor on a configuration's true step time."""
-    if noise <= 0:
-        return 1.0
-    key = zlib.crc32(f"{seed}:{task}:{strategy}:{gpus}:{nodes}".encode())
-    return max(0.2, 1.0 + noise * random.Random(key).gauss(0.0, 1.0))
 
 
 def _fs(checkpoint_dir: str) -> tuple[Any, str]:
@@ -141,8 +136,7 @@ class EmulatedLauncher(Launcher):
         manager: PlacementGroupManager,
         *,
         time_scale: float,
-        noise: float = 0.0,
-        seed: int = 0,
+        truth: Mapping[tuple[str, str, int, int], float] | None = None,
         report_interval_s: float = 0.25,
     ) -> None:
         import ray
@@ -151,8 +145,7 @@ class EmulatedLauncher(Launcher):
             raise ValueError(f"time_scale is {time_scale}; it must be > 0")
         self.manager = manager
         self.time_scale = float(time_scale)
-        self.noise = float(noise)
-        self.seed = int(seed)
+        self.truth = dict(truth or {})
         self.report_interval_s = report_interval_s
         self.board = new_board()
         self._remote = ray.remote(num_cpus=0, max_retries=0)(run_emulated_segment)
@@ -194,8 +187,8 @@ class EmulatedLauncher(Launcher):
     def launch(self, spec: LaunchSpec) -> None:
         if spec.step_time_s is None:
             raise ValueError(f"task {spec.task!r}: an emulated segment needs the profile's step time")
-        f = noise_factor(spec.task, spec.strategy, spec.gpus, len(spec.nodes), noise=self.noise, seed=self.seed)
-        wall_step = spec.step_time_s * self.time_scale * f
+        true_step = self.truth.get((spec.task, spec.strategy, spec.gpus, len(spec.nodes)), spec.step_time_s)
+        wall_step = true_step * self.time_scale
         ref = self._remote.options(
             num_gpus=spec.gpus_per_node,
             scheduling_strategy=self.manager.bundle_strategy(spec.task, 0),
