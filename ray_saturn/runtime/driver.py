@@ -492,6 +492,21 @@ class Driver:
         for a in actions:
             if isinstance(a, Stop):
                 rec = self.records[a.task]
+                if a.task in self._pending and rec.current is None:
+                    # Moved before it was launched: drop the launch, nothing to stop.
+                    del self._pending[a.task]
+                    self.manager.release(a.task)
+                    rec.state = "queued"
+                    self.log(
+                        {
+                            "kind": "move",
+                            "task": a.task,
+                            "reason": a.reason,
+                            "to": a.target.to_dict(),
+                            "before_launch": True,
+                        }
+                    )
+                    continue
                 self.stopping[a.task] = (a, self.launcher.now())
                 rec.state = "stopping"
                 self.launcher.stop(a.task)
