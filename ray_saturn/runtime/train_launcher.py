@@ -117,7 +117,7 @@ class TrainLauncher(Launcher):
         self._specs: dict[str, LaunchSpec] = {}
         self._stop_requested: set[tuple[str, int]] = set()
 
-    def _backend_name(self) -> str:
+    def _backend_name(self, task: str) -> str:
         if self._backend is None:
             import ray
 
@@ -127,7 +127,9 @@ class TrainLauncher(Launcher):
 
                 return bool(torch.cuda.is_available())
 
-            self._backend = "nccl" if ray.get(_has_cuda.remote()) else "gloo"
+            # Probe on one of the task's own GPUs (inside its hold): every other GPU may be held.
+            probe = _has_cuda.options(scheduling_strategy=self.manager.bundle_strategy(task, 0))
+            self._backend = "nccl" if ray.get(probe.remote()) else "gloo"
             logger.info("torch.distributed backend: %s", self._backend)
         return self._backend
 
@@ -135,7 +137,7 @@ class TrainLauncher(Launcher):
         task = self.tasks.get(spec.task)
         if task is None:
             raise SaturnError(f"task {spec.task!r} is not in the workload given to the runtime")
-        backend = self._backend_name()
+        backend = self._backend_name(spec.task)
         placement = self.manager.hand_over(spec.task)
         t = threading.Thread(
             target=self._fit,
