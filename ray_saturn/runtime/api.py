@@ -34,6 +34,7 @@ from ray_saturn.runtime.driver import (
     DriverResult,
     TaskRecord,
 )
+from ray_saturn.runtime.launcher import head_node_id
 from ray_saturn.runtime.storage import RunStorage, StorageError
 from ray_saturn.spec import ClusterSpec, Task, check_name, check_unique_names
 
@@ -206,7 +207,6 @@ def start_driver(
     resume_state: Mapping[str, Any] | None = None,
 ) -> Any:
     """Start the driver actor of a run (Ray connected); returns (actor, ref to its result)."""
-    import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     records = None
@@ -217,8 +217,8 @@ def start_driver(
         .options(
             name=driver_name(settings.name),
             namespace=DRIVER_NAMESPACE,
-            # The driver stays where it was started (the head node, or the job's node).
-            scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
+            # The driver runs on the head node: losing a GPU node must not take it.
+            scheduling_strategy=NodeAffinitySchedulingStrategy(head_node_id(), soft=True),
         )
         .remote()
     )

@@ -42,7 +42,7 @@ from ray_saturn.runtime.launcher import (
     LaunchSpec,
     Reporter,
     StopRequested,
-    board_events,
+    drain_board,
     new_board,
 )
 from ray_saturn.runtime.pg_manager import PlacementGroupManager
@@ -220,7 +220,7 @@ class EmulatedLauncher(Launcher):
             done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         elif timeout_s > 0:
             time.sleep(timeout_s)
-        events: list[LauncherEvent] = board_events(ray.get(self.board.drain.remote()))
+        events: list[LauncherEvent] = drain_board(self.board)
         now = time.time()
         for ref in done:
             spec = self._running.pop(ref)

@@ -194,13 +194,34 @@ def ProgressBoard():
     return _BOARD
 
 
-def new_board() -> Any:
-    """A progress board on this node (the driver's), so it goes only where the driver goes."""
+def head_node_id() -> str:
+    """The Ray head node's id (its loss ends the cluster anyway), else this process's node."""
     import ray
+
+    for info in ray.nodes():
+        if info.get("Alive") and "node:__internal_head__" in info.get("Resources", {}):
+            return str(info["NodeID"])
+    return ray.get_runtime_context().get_node_id()
+
+
+def new_board() -> Any:
+    """A progress board on the head node, where the driver runs: a lost GPU node does not take it."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    here = ray.get_runtime_context().get_node_id()
-    return ProgressBoard().options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
+    strategy = NodeAffinitySchedulingStrategy(head_node_id(), soft=True)
+    return ProgressBoard().options(scheduling_strategy=strategy).remote()
+
+
+def drain_board(board: Any) -> list[LauncherEvent]:
+    """The board's events; none while it restarts (progress is re-sent by the next report)."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    try:
+        return board_events(ray.get(board.drain.remote(), timeout=30))
+    except (RayActorError, ray.exceptions.GetTimeoutError) as exc:
+        logger.warning("progress board unavailable (%s); retrying on the next poll", type(exc).__name__)
+        return []
 
 
 def board_events(rows: list[tuple]) -> list[LauncherEvent]:

@@ -148,10 +148,10 @@ class PlacementGroupManager:
         return bool(self._hold(task).wait(timeout_s))
 
     def is_ready(self, task: str) -> bool:
-        import ray
+        """Whether the hold is placed now (asks the GCS; does not wait)."""
+        from ray.util import placement_group_table
 
-        ready, _ = ray.wait([self.ready(task)], timeout=0)
-        return bool(ready)
+        return placement_group_table(self._hold(task)).get("state") == "CREATED"
 
     def bundle_strategy(self, task: str, bundle: int = 0) -> Any:
         """Scheduling strategy that runs a Ray task or actor inside the hold's bundle."""

@@ -45,7 +45,7 @@ from ray_saturn.runtime.launcher import (
     LaunchSpec,
     Reporter,
     StopRequested,
-    board_events,
+    drain_board,
     new_board,
 )
 from ray_saturn.runtime.pg_manager import PlacementGroupManager
@@ -190,7 +190,6 @@ class TrainLauncher(Launcher):
             self.board.request_stop.remote(task, spec.attempt)
 
     def poll(self, timeout_s: float) -> list[LauncherEvent]:
-        import ray
 
         exits: list[LauncherEvent] = []
         with contextlib.suppress(queue.Empty):
@@ -200,7 +199,7 @@ class TrainLauncher(Launcher):
                 exits.append(self._exits.get_nowait())
             except queue.Empty:
                 break
-        events = board_events(ray.get(self.board.drain.remote()))
+        events = drain_board(self.board)
         for ex in exits:
             if self._specs.get(ex.task) is not None and self._specs[ex.task].attempt == ex.attempt:
                 del self._specs[ex.task]
