@@ -46,6 +46,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import statistics
 import time
 from abc import ABC, abstractmethod
@@ -418,6 +419,13 @@ class Driver:
         self._replans0 = int(counters.get("replans", 0))
         self._moves0 = int(counters.get("moves", 0))
         self.finished_at: float | None = None
+        # Live dashboard metrics, tagged by run (the run folder's name) and task; no-ops outside Ray.
+        from ray_saturn.metrics import RunMetrics
+
+        self.metrics = RunMetrics(os.path.basename(storage.uri.rstrip("/")) or "run")
+        for t, rec in self.records.items():
+            self.metrics.task_state(t, rec.state if rec.state in ("finished", "failed") else "queued")
+            self.metrics.task_progress(t, steps_done=rec.steps_done, total_steps=rec.total_steps)
         left = set(self.controller.tasks)
         self._arrivals = {t: float(s) for t, s in (arrivals or {}).items() if t in left}
         self._arrived: set[str] = set()
@@ -508,6 +516,7 @@ class Driver:
                     )
                     continue
                 self.stopping[a.task] = (a, self.launcher.now())
+                self.metrics.moved()
                 rec.state = "stopping"
                 self.launcher.stop(a.task)
                 self.log({"kind": "move", "task": a.task, "reason": a.reason, "to": a.target.to_dict()})
@@ -527,6 +536,10 @@ class Driver:
         if plan is not None and new and any(e.get("kind") == "replan" for e in new):
             if self.planned_makespan_s is None:
                 self.planned_makespan_s = self.now() + plan.makespan_s
+            else:
+                self.metrics.replanned(sum(e.get("kind") == "replan" for e in new))
+            self.metrics.plan(planned_makespan_s=self.now() + plan.makespan_s,
+                              lower_bound_s=self.now() + plan.lower_bound_s)
             self.storage.write_json(PLAN_FILE, plan.to_dict())
 
     def all_arrived(self) -> bool:
@@ -646,6 +659,7 @@ class Driver:
         seg.first_step_s = self.now()
         seg.status = "running"
         rec.state = "running" if ev.task not in self.stopping else "stopping"
+        self.metrics.task_state(ev.task, "running", gpus=seg.gpus)
         latency = seg.first_step_s - seg.launch_s
         self._latencies.append(latency)
         self.log(
@@ -667,6 +681,7 @@ class Driver:
         st = None if ev.step_time_s is None else ev.step_time_s / self.launcher.time_scale
         if st is not None:
             rec.step_time_s = st
+        self.metrics.task_progress(ev.task, steps_done=rec.steps_done, total_steps=rec.total_steps, step_time_s=st)
         if ev.task in self.stopping:
             return
         actions = self.controller.report_progress(
@@ -707,6 +722,7 @@ class Driver:
             _, t_stop = self.stopping.pop(task)
             self._stop_costs.append((self.launcher.now() - t_stop) / self.launcher.time_scale)
             rec.state = "queued"
+            self.metrics.task_state(task, "queued")
             rec.steps_done = rec.checkpointed_step
             if ev.status == "finished":
                 rec.steps_done = rec.total_steps  # relaunch finds the final checkpoint and ends at once
@@ -714,6 +730,8 @@ class Driver:
         if ev.status == "finished":
             rec.state = "finished"
             rec.steps_done = rec.total_steps
+            self.metrics.task_state(task, "finished")
+            self.metrics.task_progress(task, steps_done=rec.total_steps, total_steps=rec.total_steps)
             self.inbox.append(TaskFinished(time_s=now, task=task))
         else:
             reason = ev.reason or f"segment ended with status {ev.status}"
@@ -806,6 +824,8 @@ class Driver:
         for t, p in self.controller.tasks.items():
             rec = self.records.get(t)
             if rec is not None and p.state.value == "failed":
+                if rec.state != "failed":
+                    self.metrics.task_state(t, "failed")
                 rec.state = "failed"
                 rec.reason = p.reason or rec.reason
         now = self.now()
