@@ -39,6 +39,7 @@ import logging
 import math
 import time
 
+from ray_saturn.solver.decompose import decomposed_start
 from ray_saturn.solver.heuristic import heuristic_schedule
 from ray_saturn.solver.listsched import list_schedule
 from ray_saturn.solver.policy import Policy, PolicyResult, get_policy, register_policy
@@ -102,6 +103,13 @@ class SaturnPolicy(Policy):
         n_intervals = sum(len(o) for o in problem.options) * problem.num_nodes
         exact = n_intervals <= MAX_INTERVALS
         share = min(5.0, 0.2 * time_limit_s) if exact else time_limit_s
+        pop = None
+        if not exact:  # too big for the exact model: on very large clusters, start from a decomposition
+            pop = decomposed_start(problem, bound, time_limit_s=time_limit_s, seed=seed,
+                                   deterministic=self.deterministic, on_schedule=seen)
+            if pop is not None and pop.makespan <= bound.value * (1 + 1e-9):
+                return PolicyResult(pop, bound.value, True, first[0])
+            share = max(0.0, time_limit_s - (time.perf_counter() - t0)) if pop is not None else share
         heur = heuristic_schedule(
             problem,
             bound,
@@ -111,7 +119,7 @@ class SaturnPolicy(Policy):
             max_evaluations=int(EVALS_PER_SECOND * share) if self.deterministic else None,
             candidates=baselines,
         )
-        best = heur.schedule
+        best = heur.schedule if pop is None or heur.schedule.makespan <= pop.makespan else pop
         if best.makespan <= bound.value * (1 + 1e-9):
             return PolicyResult(best, bound.value, True, first[0] if first else None)
         remaining = time_limit_s - (time.perf_counter() - t0)
