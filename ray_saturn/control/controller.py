@@ -100,6 +100,10 @@ class Controller:
         min_replan_gap_s: re-plans closer than this to the previous one are
             deferred to a wake-up (see :meth:`next_wakeup_s`); the gap is at
             least ``min_replan_gap_fraction`` x the first plan's makespan.
+        max_replan_tasks: a rolling horizon for large runs: a re-plan solves
+            the running tasks and at most this many queued ones (those not yet
+            planned, then the earliest planned); the others keep their planned
+            configuration, nodes and order until they come into the window.
         on_plan: called with every plan the controller installs and the
             :class:`ReplanInput` it was solved for (e.g. to persist or check it).
         max_failures: a task that fails more often than this is FAILED.
@@ -119,6 +123,7 @@ class Controller:
         seed: int = 0,
         min_replan_gap_s: float = 0.0,
         min_replan_gap_fraction: float = 0.0,
+        max_replan_tasks: int | None = None,
         on_plan: Callable[[Plan, ReplanInput], None] | None = None,
         max_failures: int = 3,
         solve: SolveFn | None = None,
@@ -137,6 +142,10 @@ class Controller:
         self._min_gap_s = min_replan_gap_s
         self._min_gap_fraction = min_replan_gap_fraction
         self._on_plan = on_plan
+        if max_replan_tasks is not None and max_replan_tasks < 1:
+            raise SaturnError(f"max_replan_tasks is {max_replan_tasks}; give at least 1 (or None for all)")
+        self.max_replan_tasks = max_replan_tasks
+        self._window: set[str] | None = None
         self.max_failures = max_failures
         if solve is None:
             from ray_saturn.solver import solve as default_solve
@@ -310,6 +319,9 @@ class Controller:
             if ev.node not in self.nodes:
                 raise SaturnError(f"node {ev.node!r} lost, but it is not in the cluster")
             del self.nodes[ev.node]
+            for t in [t for t, e in self.planned.items() if ev.node in e.placement.nodes]:
+                if self.tasks[t].state is TaskState.QUEUED:
+                    del self.planned[t]  # planned on the lost node: plan it again
             for p in self.tasks.values():
                 if p.state is TaskState.RUNNING and p.placement and ev.node in p.placement.nodes:
                     self._interrupt(p, ev.time_s, ev.steps_done.get(p.task))
@@ -349,8 +361,22 @@ class Controller:
 
     def _input(self, now: float, movable: bool) -> ReplanInput | None:
         return build_replan_input(
-            self.profile, self.tasks, self.cluster(), now, restart_s=self.restart_s, movable=movable
+            self.profile,
+            self.tasks,
+            self.cluster(),
+            now,
+            restart_s=self.restart_s,
+            movable=movable,
+            only=self._window,
         )
+
+    def _choose_window(self, queued: list[TaskProgress]) -> set[str] | None:
+        w = self.max_replan_tasks
+        if w is None or len(queued) <= w:
+            return None
+        unplanned = [p.task for p in queued if p.task not in self.planned]
+        planned = sorted((self.planned[p.task].start_s, p.task) for p in queued if p.task in self.planned)
+        return set(unplanned) | {t for _, t in planned[: max(0, w - len(unplanned))]}
 
     def _call_solver(self, inp: ReplanInput, time_limit_s: float) -> Plan:
         t0 = time.perf_counter()
@@ -372,6 +398,7 @@ class Controller:
             self._last_replan_s = now
             return []
         moves_ok = self.policy.allows_moves
+        self._window = self._choose_window(queued)
         inp = self._input(now, movable=moves_ok)
         if inp is None:
             self._last_replan_s = now
@@ -437,7 +464,12 @@ class Controller:
         self._last_replan_s = now
         if self.first_makespan_s is None:
             self.first_makespan_s = plan.makespan_s
-        self.planned = {}
+        # Queued tasks outside a rolling-horizon window keep their planned entries.
+        self.planned = {
+            t: e
+            for t, e in self.planned.items()
+            if self._window is not None and t not in self._window and self.tasks[t].state is TaskState.QUEUED
+        }
         for a in plan.assignments:
             self.planned[a.task] = self._planned_from(a, now)
             cfg = inp.profile.get(a.task, a.strategy, a.gpus, len(a.nodes))

@@ -38,7 +38,7 @@ Example:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from ray_saturn.context import PlanningContext, RunningTask
@@ -96,11 +96,13 @@ def build_replan_input(
     *,
     restart_s: float,
     movable: bool,
+    only: Collection[str] | None = None,
 ) -> ReplanInput | None:
     """The solver input for the queued and running tasks at ``now_s`` (``None`` if there are none).
 
     ``profile`` is the original profile (total steps, profiled step times);
-    ``cluster`` the nodes alive now.
+    ``cluster`` the nodes alive now; ``only``, if given, limits the queued
+    tasks to those named (a rolling-horizon window; running tasks are always in).
 
     Example:
         >>> prof = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 1,
@@ -111,7 +113,11 @@ def build_replan_input(
         >>> inp.profile.get("a", "ddp", 1).steps
         6
     """
-    active = [p for p in progress.values() if p.state in (TaskState.QUEUED, TaskState.RUNNING)]
+    active = [
+        p
+        for p in progress.values()
+        if p.state is TaskState.RUNNING or (p.state is TaskState.QUEUED and (only is None or p.task in only))
+    ]
     if not active:
         return None
     order = {t: i for i, t in enumerate(profile.tasks)}

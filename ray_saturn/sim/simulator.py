@@ -109,6 +109,7 @@ class SimConfig:
     progress_fraction: float = 0.05
     keep_plans: bool = False
     deterministic: bool = False
+    max_replan_tasks: int | None = None
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.noise) or self.noise < 0:
@@ -216,6 +217,7 @@ class _World:
             min_replan_gap_fraction=cfg.min_replan_gap_fraction,
             on_plan=self._on_plan if cfg.keep_plans else None,
             deterministic=cfg.deterministic,
+            max_replan_tasks=cfg.max_replan_tasks,
         )
 
     def _on_plan(self, plan: Plan, inp: ReplanInput) -> None:

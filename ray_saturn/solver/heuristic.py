@@ -114,11 +114,14 @@ def heuristic_schedule(
     best: HeuristicResult | None = None
     evaluated = 0
 
+    last_serial: list[Schedule] = []
+
     def consider(choice: list[int], order: list[int]) -> bool:
         nonlocal best, evaluated
         sched = list_schedule(problem, choice, order)
         evaluated += 1
         serial = serial_schedule(problem, choice, order)
+        last_serial[:] = [serial]
         evaluated += 1
         if serial.makespan < sched.makespan:
             sched = serial
@@ -140,7 +143,7 @@ def heuristic_schedule(
         for order in _orders(problem, choice):
             consider(choice, order)
             if i == 0 and bound.lp_mix is not None:
-                sched = serial_schedule(problem, choice, order)
+                sched = last_serial[0]  # the serial decoding consider() just made
                 if lp_start is None or sched.makespan < lp_start.schedule.makespan:
                     lp_start = HeuristicResult(sched, list(choice), list(order), 0)
         # Always finish the first allotment; then respect the deadline.

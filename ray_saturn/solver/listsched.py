@@ -167,8 +167,9 @@ class _NodeProfile:
         self.times = [0.0]
         self.usage = [0]
 
-    def earliest(self, release: float, dur: float, q: int) -> float:
-        """Earliest t >= release with usage <= cap - q throughout [t, t + dur)."""
+    def earliest(self, release: float, dur: float, q: int, give_up_after: float = math.inf) -> float:
+        """Earliest t >= release with usage <= cap - q throughout [t, t + dur)
+        (``inf`` as soon as it is known to be later than ``give_up_after``)."""
         times, usage, limit = self.times, self.usage, self.cap - q
         n = len(times)
         i = bisect_right(times, release) - 1
@@ -189,7 +190,31 @@ class _NodeProfile:
             if j + 1 >= n:
                 return math.inf  # the last segment is unbounded and full: cannot happen for valid q
             t = times[j + 1]
+            if t > give_up_after:
+                return math.inf
             i = j + 1
+
+    def first_fit(self, start: float, dur: float, q: int) -> float:
+        """The least t in ``{start}`` and the later segment boundaries with ``fits(t, dur, q)``.
+
+        Between ``start`` and the returned time no real t fits either: every t
+        there overlaps a segment that is too full (see ``serial_schedule``).
+        """
+        times, usage, limit = self.times, self.usage, self.cap - q
+        n = len(times)
+        t = start
+        while True:
+            i = bisect_right(times, t + _EPS) - 1
+            end = t + dur
+            while i < n and times[i] < end - _EPS:
+                if usage[i] > limit:
+                    break
+                i += 1
+            else:
+                return t
+            if i + 1 >= n:
+                return math.inf
+            t = times[i + 1]
 
     def fits(self, t: float, dur: float, q: int) -> bool:
         times, usage, limit = self.times, self.usage, self.cap - q
@@ -256,25 +281,61 @@ def serial_schedule(
         if k == 1:
             best = None
             for i in eligible:
-                s = profiles[i].earliest(r, d, q)
+                # A node that cannot start before the best start so far cannot win: stop its scan.
+                s = profiles[i].earliest(r, d, q, best[0] if best is not None else math.inf)
+                if math.isinf(s):
+                    continue
                 key = (s, -profiles[i].used_at(s), i)
                 if best is None or key < best:
                     best = key
+            if best is None:
+                raise InfeasibleError(f"task {problem.tasks[t]} can never start: no node holds {q} GPUs")
             s, _, i = best
             sel = (i,)
         else:
-            cands = sorted({r} | {x for i in eligible for x in profiles[i].times if x > r})
-            sel = None
-            for s in cands:
-                fit = [i for i in eligible if profiles[i].fits(s, d, q)]
-                if len(fit) >= k:
-                    fit.sort(key=lambda i: (-profiles[i].used_at(s), i))
-                    sel = tuple(sorted(fit[:k]))
-                    break
-            if sel is None:
+            found = _first_k_fit(profiles, eligible, r, d, q, k)
+            if found is None:
                 raise InfeasibleError(f"task {problem.tasks[t]} can never start: no {k} nodes hold {q} GPUs each")
+            s, sel = found
         start[t] = s
         nodes[t] = sel
         for i in sel:
             profiles[i].add(s, d, q)
     return Schedule(list(choice), start, nodes, dur)
+
+
+def _first_k_fit(profiles, eligible, r: float, d: float, q: int, k: int) -> tuple[float, tuple[int, ...]] | None:
+    """The earliest start s >= r (r or a segment boundary) at which ``k`` eligible nodes fit
+    [s, s + d) with ``q`` GPUs each, and the ``k`` of them with the most GPUs in use then.
+
+    Same answer as trying every boundary after r in order, but it jumps: with
+    ``e_i`` the first time node i fits at or after s, no time before the k-th
+    smallest ``e_i`` has k fitting nodes, so the search moves straight there
+    and re-asks only the nodes that fitted earlier. Returns None if never.
+    """
+    s = r
+    e = {i: profiles[i].first_fit(s, d, q) for i in eligible}
+    while True:
+        if len(e) < k:
+            return None
+        kth = sorted(e.values())[k - 1]
+        if math.isinf(kth):
+            return None
+        if kth <= s:
+            break
+        s = kth
+        for i, ei in e.items():
+            if ei < s:
+                e[i] = profiles[i].first_fit(s, d, q)
+    fit = [i for i in eligible if profiles[i].fits(s, d, q)]
+    if len(fit) < k:  # pragma: no cover - only at floating-point ties; fall back to the plain scan
+        cands = sorted({s} | {x for i in eligible for x in profiles[i].times if x > s})
+        for c in cands:
+            fit = [i for i in eligible if profiles[i].fits(c, d, q)]
+            if len(fit) >= k:
+                s = c
+                break
+        else:
+            return None
+    fit.sort(key=lambda i: (-profiles[i].used_at(s), i))
+    return s, tuple(sorted(fit[:k]))

@@ -1,0 +1,49 @@
+"""The fast multi-node search of serial_schedule gives the same schedules as the plain scan."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from simdata import moldable_profile
+
+from ray_saturn.solver import build_problem, listsched
+from ray_saturn.solver.listsched import serial_schedule
+
+
+def _plain_first_k_fit(profiles, eligible, r, d, q, k):
+    """The scan serial_schedule used before: every boundary after r, in order."""
+    cands = sorted({r} | {x for i in eligible for x in profiles[i].times if x > r})
+    for s in cands:
+        fit = [i for i in eligible if profiles[i].fits(s, d, q)]
+        if len(fit) >= k:
+            fit.sort(key=lambda i: (-profiles[i].used_at(s), i))
+            return s, tuple(sorted(fit[:k]))
+    return None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_serial_schedule_same_as_the_plain_scan(seed, monkeypatch):
+    rng = random.Random(seed)
+    profile, cluster = moldable_profile(rng.randint(10, 40), rng.randint(2, 6), rng.choice([2, 4]), seed=seed)
+    problem = build_problem(profile, cluster)
+    for _ in range(5):
+        choice = [rng.randrange(len(o)) for o in problem.options]
+        order = list(range(problem.num_tasks))
+        rng.shuffle(order)
+        fast = serial_schedule(problem, choice, order)
+        with monkeypatch.context() as m:
+            m.setattr(listsched, "_first_k_fit", _plain_first_k_fit)
+            plain = serial_schedule(problem, choice, order)
+        assert fast.start == plain.start and fast.nodes == plain.nodes
+    assert any(problem.options[t][c].k > 1 for t, c in enumerate(choice))
+
+
+def test_first_fit_skips_only_what_cannot_fit():
+    p = listsched._NodeProfile(4)
+    p.add(0.0, 10.0, 3)
+    p.add(20.0, 5.0, 4)
+    assert p.first_fit(0.0, 5.0, 1) == 0.0
+    assert p.first_fit(0.0, 5.0, 2) == 10.0
+    assert p.first_fit(0.0, 12.0, 2) == 25.0  # [10, 22) would overlap the full [20, 25)
+    assert listsched._first_k_fit([p], [0], 0.0, 5.0, 5, 1) is None  # 5 GPUs never fit on 4
