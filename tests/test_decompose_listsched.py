@@ -34,6 +34,9 @@ def test_serial_schedule_same_as_the_plain_scan(seed, monkeypatch):
         fast = serial_schedule(problem, choice, order)
         with monkeypatch.context() as m:
             m.setattr(listsched, "_first_k_fit", _plain_first_k_fit)
+            full = listsched._NodeProfile.earliest
+            # No early give-up: every node's scan runs to its earliest start.
+            m.setattr(listsched._NodeProfile, "earliest", lambda self, r, d, q, *_: full(self, r, d, q))
             plain = serial_schedule(problem, choice, order)
         assert fast.start == plain.start and fast.nodes == plain.nodes
     assert any(problem.options[t][c].k > 1 for t, c in enumerate(choice))
