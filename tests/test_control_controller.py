@@ -189,3 +189,26 @@ def test_bad_inputs_are_one_line_errors():
         ctl.handle(TaskFinished(time_s=1.0, task="a"))
     with pytest.raises(SaturnError, match="not in the profile"):
         ctl.state("zzz")
+
+
+def test_rolling_window_plans_a_few_queued_tasks_at_a_time():
+    prof = _rows(*[(f"t{i}", 10 * (i + 1), [(1, 1.0)]) for i in range(6)])
+    ctl, plans = _checked_controller(prof, ClusterSpec.uniform(1, 2), "saturn-static", max_replan_tasks=2)
+    running = {a.task: a for a in ctl.start(0.0, arrived=[f"t{i}" for i in range(5)])}
+    assert len(plans[0][1].tasks) == 5 and len(running) == 2  # a first plan holds every task
+    for a in ctl.handle(TaskArrived(time_s=1.0, task="t5")):
+        running[a.task] = a
+    inp = plans[-1][1]
+    queued = [x for x in inp.tasks if x not in {r.task for r in inp.context.running}]
+    assert "t5" in queued and len(queued) == 2  # the new task and the earliest planned one
+    t = 1.0
+    while not ctl.done:
+        ends = {x: ctl.state(x).segments[-1].start_s + prof.get(x, "ddp", 1).runtime_s for x in running}
+        task = min(ends, key=lambda x: (ends[x], x))
+        t = max(t, ends[task])
+        del running[task]
+        for a in ctl.handle(TaskFinished(time_s=t, task=task)):
+            running[a.task] = a
+    assert all(ctl.state(f"t{i}").state is TaskState.FINISHED for i in range(6))
+    with pytest.raises(SaturnError, match="max_replan_tasks"):
+        Controller(prof, ClusterSpec.uniform(1, 2), "saturn-replan", max_replan_tasks=0)

@@ -22,6 +22,13 @@ def _plain_first_k_fit(profiles, eligible, r, d, q, k):
     return None
 
 
+_FULL_EARLIEST = listsched._NodeProfile.earliest
+
+
+def _no_give_up(self, r, d, q, *_):
+    return _FULL_EARLIEST(self, r, d, q)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_serial_schedule_same_as_the_plain_scan(seed, monkeypatch):
     rng = random.Random(seed)
@@ -34,9 +41,8 @@ def test_serial_schedule_same_as_the_plain_scan(seed, monkeypatch):
         fast = serial_schedule(problem, choice, order)
         with monkeypatch.context() as m:
             m.setattr(listsched, "_first_k_fit", _plain_first_k_fit)
-            full = listsched._NodeProfile.earliest
             # No early give-up: every node's scan runs to its earliest start.
-            m.setattr(listsched._NodeProfile, "earliest", lambda self, r, d, q, *_: full(self, r, d, q))
+            m.setattr(listsched._NodeProfile, "earliest", _no_give_up)
             plain = serial_schedule(problem, choice, order)
         assert fast.start == plain.start and fast.nodes == plain.nodes
     assert any(problem.options[t][c].k > 1 for t, c in enumerate(choice))

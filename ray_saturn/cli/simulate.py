@@ -101,6 +101,14 @@ def add_parser(sub) -> None:
         metavar="F",
         help="least time between re-plans, as a fraction of the first plan's makespan (0.01)",
     )
+    p.add_argument(
+        "--replan-window",
+        type=int,
+        default=None,
+        metavar="N",
+        help="re-plan at most N queued tasks at a time (rolling horizon); default: all, or 200 above 300 tasks",
+    )
+    p.add_argument("--deterministic", action="store_true", help="solver limits counted in work: same seed, same run")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="write utilisation and Gantt charts")
     p.set_defaults(func=run)
@@ -121,7 +129,11 @@ def run(args: argparse.Namespace) -> int:
         arrivals=arrivals,
         solver_time_limit_s=args.solver_time_limit,
         min_replan_gap_fraction=args.replan_gap,
+        deterministic=args.deterministic,
+        max_replan_tasks=args.replan_window or (200 if len(profile.tasks) > 300 else None),
     )
+    if args.replan_window is not None and args.replan_window < 1:
+        raise SpecError(f"--replan-window is {args.replan_window}; give at least 1")
     if args.random_failures:
         from ray_saturn.solver import solve
 
