@@ -62,6 +62,7 @@ def test_saturn_uses_the_decomposition_when_the_exact_model_is_too_big(monkeypat
 
     monkeypatch.setattr(saturn_mod, "MAX_INTERVALS", 10)
     monkeypatch.setattr(dec, "DECOMPOSE_MIN_NODES", 4)
+    monkeypatch.setattr(dec, "DECOMPOSE_MIN_TASKS", 8)
     monkeypatch.setattr(dec, "TASKS_PER_PART", 16)
     monkeypatch.setattr(dec, "pop_schedule", spy)
     plans = []

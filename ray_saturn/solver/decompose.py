@@ -61,6 +61,8 @@ TASKS_PER_PART = 64
 #: The saturn policy starts from the decomposition on clusters of at least this many nodes, where
 #: one list-scheduling pass over all nodes gets slow (measured: release/scale_benchmark.py).
 DECOMPOSE_MIN_NODES = 256
+#: ... and at least this many tasks (fewer are planned in well under a second without it).
+DECOMPOSE_MIN_TASKS = 4 * TASKS_PER_PART
 #: Share of the saturn policy's time limit the decomposition may use.
 DECOMPOSE_SHARE = 0.3
 
@@ -357,10 +359,13 @@ def decomposed_start(
     deterministic: bool = False,
     on_schedule: Callable[[Schedule], None] | None = None,
 ) -> Schedule | None:
-    """The saturn policy's hook for problems too big for the exact model: on clusters of at least
-    :data:`DECOMPOSE_MIN_NODES` nodes, the POP schedule within :data:`DECOMPOSE_SHARE` of the time
-    limit (``None`` on smaller clusters or when the problem cannot be split)."""
-    if problem.num_nodes < DECOMPOSE_MIN_NODES:
+    """The saturn policy's hook for problems too big for the exact model.
+
+    On clusters of at least :data:`DECOMPOSE_MIN_NODES` nodes with at least
+    :data:`DECOMPOSE_MIN_TASKS` tasks: the POP schedule within
+    :data:`DECOMPOSE_SHARE` of the time limit; ``None`` otherwise, or when the
+    problem cannot be split."""
+    if problem.num_nodes < DECOMPOSE_MIN_NODES or problem.num_tasks < DECOMPOSE_MIN_TASKS:
         return None
     res = pop_schedule(
         problem,
