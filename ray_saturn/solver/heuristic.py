@@ -146,8 +146,9 @@ def heuristic_schedule(
                 sched = last_serial[0]  # the serial decoding consider() just made
                 if lp_start is None or sched.makespan < lp_start.schedule.makespan:
                     lp_start = HeuristicResult(sched, list(choice), list(order), 0)
-        # Always finish the first allotment; then respect the deadline.
-        if i and time.perf_counter() > deadline:
+        # Always finish the first allotment; then respect the deadline (in deterministic mode, the
+        # evaluation budget: the wall clock must not decide what is tried).
+        if i and (evaluated >= max_evaluations if max_evaluations is not None else time.perf_counter() > deadline):
             break
     assert best is not None
     # Local search from two starts: the least-area allotment the LP suggests
@@ -156,9 +157,10 @@ def heuristic_schedule(
     starts = [s for s in (lp_start, best) if s is not None]
     for i, start in enumerate(starts):
         now = time.perf_counter()
-        if now >= deadline or best.schedule.makespan <= bound.value * (1 + 1e-9):
+        if (max_evaluations is None and now >= deadline) or best.schedule.makespan <= bound.value * (1 + 1e-9):
             break
-        slice_end = now + (deadline - now) / (len(starts) - i)
+        # With an evaluation budget the deadline is only a safety net, shared rather than sliced.
+        slice_end = deadline if max_evaluations is not None else now + (deadline - now) / (len(starts) - i)
         budget = None if max_evaluations is None else max(1, (max_evaluations - evaluated) // (len(starts) - i))
         found = _local_search(problem, bound, start, slice_end, rng, None, budget)
         evaluated += found.evaluated
@@ -250,7 +252,7 @@ def _local_search(problem, bound, start: HeuristicResult, deadline, rng, on_sche
         cand = serial_schedule(problem, new_choice, new_order)
         evaluated += 1
         k = _key(cand)
-        frac = min(1.0, (time.perf_counter() - t_begin) / span)
+        frac = min(1.0, evaluated / budget) if budget else min(1.0, (time.perf_counter() - t_begin) / span)
         temp = temp0 * (1 - frac) + 1e-6
         delta = (k[0] - cur_key[0]) / max(cur_key[0], 1e-9)
         if delta <= 0:
