@@ -16,7 +16,7 @@ import time
 import pytest
 
 ray = pytest.importorskip("ray")
-psutil = pytest.importorskip("psutil")
+import psutil  # noqa: E402  (the test extra installs it; a missing one must fail, not skip)
 
 from ray_saturn import ProfileTable  # noqa: E402
 from ray_saturn.runtime.api import (  # noqa: E402
