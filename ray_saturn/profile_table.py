@@ -81,6 +81,22 @@ class Config:
     def gpus_per_node(self) -> int:
         return self.gpus // self.nodes
 
+    def to_row(self) -> dict[str, Any]:
+        """The row as a dict of contract-1 columns (plus ``reason`` when set)."""
+        row: dict[str, Any] = {
+            "task": self.task,
+            "strategy": self.strategy,
+            "gpus": self.gpus,
+            "nodes": self.nodes,
+            "step_time_s": self.step_time_s,
+            "steps": self.steps,
+            "feasible": self.feasible,
+            "peak_mem_gb": self.peak_mem_gb,
+        }
+        if self.reason is not None:
+            row["reason"] = self.reason
+        return row
+
     @property
     def runtime_s(self) -> float:
         """steps x step_time_s: how long the task runs in this configuration."""
@@ -224,33 +240,17 @@ class ProfileTable:
         for c in self._configs:
             new = fn(c)
             if new is not None:
-                rows.append(_config_row(new))
+                rows.append(new.to_row())
         return ProfileTable.from_rows(rows, source=self.source)
 
     def with_rows(self, configs: Iterable[Config]) -> ProfileTable:
         """A new table holding this table's rows followed by ``configs``."""
-        rows = [_config_row(c) for c in self._configs]
-        rows += [_config_row(c) for c in configs]
+        rows = [c.to_row() for c in self._configs]
+        rows += [c.to_row() for c in configs]
         return ProfileTable.from_rows(rows, source=self.source)
 
     def __repr__(self) -> str:
         return f"ProfileTable({len(self._by_task)} tasks, {len(self)} rows, source={self.source!r})"
-
-
-def _config_row(c: Config) -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "task": c.task,
-        "strategy": c.strategy,
-        "gpus": c.gpus,
-        "nodes": c.nodes,
-        "step_time_s": c.step_time_s,
-        "steps": c.steps,
-        "feasible": c.feasible,
-        "peak_mem_gb": c.peak_mem_gb,
-    }
-    if c.reason is not None:
-        row["reason"] = c.reason
-    return row
 
 
 def _cell_str(value: Any) -> str:

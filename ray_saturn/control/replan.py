@@ -153,22 +153,9 @@ def build_replan_input(
                     movable=movable and p.setup_left_s(now_s) <= 0,
                 )
             )
-    table = ProfileTable.from_rows([_row(c) for c in rows], source=f"{profile.source}@{now_s:.0f}s")
+    table = ProfileTable.from_rows([c.to_row() for c in rows], source=f"{profile.source}@{now_s:.0f}s")
     ctx = PlanningContext(running=tuple(running))
     return ReplanInput(now_s, table, cluster, ctx, tuple(p.task for p in active))
-
-
-def _row(c: Config) -> dict:
-    return {
-        "task": c.task,
-        "strategy": c.strategy,
-        "gpus": c.gpus,
-        "nodes": c.nodes,
-        "step_time_s": c.step_time_s,
-        "steps": c.steps,
-        "feasible": c.feasible,
-        "peak_mem_gb": c.peak_mem_gb,
-    }
 
 
 class ReplanPolicy(ABC):
