@@ -9,8 +9,8 @@ emulated cluster of the same shape unless Ray is already connected.
 from __future__ import annotations
 
 import argparse
-import json
 
+from ray_saturn.cli.run import print_result
 from ray_saturn.runtime.api import resume
 
 
@@ -25,16 +25,5 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     result = resume(args.run_dir)
-    if args.json:
-        print(json.dumps(result.to_dict()))
-    else:
-        for t, r in result.tasks.items():
-            print(
-                f"{t:<24} {r.state:<9} {r.steps_done}/{r.total_steps}"
-                + (f"  {r.reason}" if r.reason else "")
-            )
-        print(
-            f"run {result.state}: makespan {result.realised_makespan_s:.0f} s, "
-            f"{result.replans} re-plan(s), {result.moves} move(s)"
-        )
+    print_result(result, as_json=args.json)
     return 0 if result.state == "finished" and not result.failed_tasks else 1

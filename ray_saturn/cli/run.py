@@ -81,17 +81,19 @@ def run(args: argparse.Namespace) -> int:
         config=cfg,
         workload=os.path.abspath(args.workload),
     )
-    if args.json:
-        print(json.dumps(result.to_dict()))
-    else:
-        for t, r in result.tasks.items():
-            print(
-                f"{t:<24} {r.state:<9} {r.steps_done}/{r.total_steps}"
-                + (f"  {r.reason}" if r.reason else "")
-            )
-        print(
-            f"run {result.state}: makespan {result.realised_makespan_s:.0f} s (planned "
-            f"{result.planned_makespan_s or 0:.0f} s), {result.replans} re-plan(s), "
-            f"{result.moves} move(s)"
-        )
+    print_result(result, as_json=args.json)
     return 0 if result.state == "finished" and not result.failed_tasks else 1
+
+
+def print_result(result, *, as_json: bool) -> None:
+    """A finished (or resumed) run's outcome: one JSON object, or a line per task and a summary."""
+    if as_json:
+        print(json.dumps(result.to_dict()))
+        return
+    for t, r in result.tasks.items():
+        print(f"{t:<24} {r.state:<9} {r.steps_done}/{r.total_steps}" + (f"  {r.reason}" if r.reason else ""))
+    planned = f" (planned {result.planned_makespan_s:.0f} s)" if result.planned_makespan_s else ""
+    print(
+        f"run {result.state}: makespan {result.realised_makespan_s:.0f} s{planned}, "
+        f"{result.replans} re-plan(s), {result.moves} move(s)"
+    )

@@ -56,3 +56,14 @@ def first_batch(task: Task):
 
 def first_batch_rows(task: Task) -> int:
     return batch_rows(first_batch(task))
+
+
+def sequential_reason(strategy: str, task: Task, model: torch.nn.Module | None = None) -> str | None:
+    """Why ``strategy`` (which splits a model by layers) cannot run ``task``, or None.
+
+    ``model`` is the task's meta model when the caller already built it.
+    """
+    model = meta_model(task) if model is None else model
+    if not isinstance(model, torch.nn.Sequential):
+        return f"{strategy} needs an nn.Sequential model; task {task.name!r} builds a {type(model).__name__}"
+    return None

@@ -134,12 +134,12 @@ class Pipeline(Strategy):
         reason = super().applies(task, gpus)
         if reason or task is None:
             return reason
-        from ray_saturn.strategies.introspect import meta_model
+        from ray_saturn.strategies.introspect import meta_model, sequential_reason
 
         model = meta_model(task)
-        if not isinstance(model, nn.Sequential):
-            kind = type(model).__name__
-            return f"pipeline needs an nn.Sequential model; task {task.name!r} builds a {kind}"
+        reason = sequential_reason("pipeline", task, model)
+        if reason:
+            return reason
         if len(model) < gpus:
             return f"pipeline: {gpus} stages need {gpus} layers; task {task.name!r}'s model has {len(model)}"
         return None

@@ -166,13 +166,9 @@ class Spill(Strategy):
         reason = super().applies(task, gpus)
         if reason or task is None:
             return reason
-        from ray_saturn.strategies.introspect import meta_model
+        from ray_saturn.strategies.introspect import sequential_reason
 
-        model = meta_model(task)
-        if not isinstance(model, nn.Sequential):
-            kind = type(model).__name__
-            return f"spill needs an nn.Sequential model; task {task.name!r} builds a {kind}"
-        return None
+        return sequential_reason("spill", task)
 
     def check_knobs(self, knobs: Mapping[str, Any] | None) -> dict[str, Any]:
         k = super().check_knobs(knobs)
