@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -293,11 +293,3 @@ def validate_plan(
         raise PlanError(f"the plan's makespan {plan.makespan_s} is not its last end time {latest_end}")
     if plan.lower_bound_s > plan.makespan_s * (1 + tol) + tol:
         raise PlanError(f"the plan's lower bound {plan.lower_bound_s} is above its makespan {plan.makespan_s}")
-
-
-def assignments_by_node(assignments: Iterable[Assignment]) -> dict[str, list[Assignment]]:
-    out: dict[str, list[Assignment]] = {}
-    for a in assignments:
-        for n in a.nodes:
-            out.setdefault(n, []).append(a)
-    return out
