@@ -13,7 +13,7 @@ Example:
     5.0
 """
 
-from ray_saturn.context import PlanningContext, RunningTask
+from ray_saturn.context import Incumbent, PlanningContext, RunningTask
 from ray_saturn.errors import InfeasibleError, PlanError, ProfileError, SaturnError, SpecError
 from ray_saturn.plan import Assignment, Plan, validate_plan
 from ray_saturn.profile_table import Config, ProfileTable
@@ -32,6 +32,7 @@ __all__ = [
     "Config",
     "DriverConfig",
     "DriverResult",
+    "Incumbent",
     "InfeasibleError",
     "NodeSpec",
     "Plan",

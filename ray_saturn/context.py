@@ -10,6 +10,9 @@ All times are seconds relative to the moment of planning ("now" = 0).
   moves it: any other configuration, paying ``restart_s`` of set-up
   (checkpoint, stop, relaunch) before its steps resume.
 - ``node_available_s``: a node that is busy or unavailable until a time.
+- ``incumbent``: the plan being followed (each task's configuration, in
+  planned start order). A solver decodes it for the new problem and keeps it
+  as a candidate, so a re-plan is never predicted worse than carrying on.
 
 Example:
     >>> ctx = PlanningContext(
@@ -28,7 +31,7 @@ from dataclasses import dataclass, field
 
 from ray_saturn.errors import SpecError
 
-__all__ = ["PlanningContext", "RunningTask"]
+__all__ = ["Incumbent", "PlanningContext", "RunningTask"]
 
 
 @dataclass(frozen=True)
@@ -48,11 +51,42 @@ class RunningTask:
             raise SpecError(f"running task {self.task!r}: nodes must be distinct and non-empty")
         if self.gpus < 1 or self.gpus % len(self.nodes):
             raise SpecError(
-                f"running task {self.task!r}: {self.gpus} GPUs over {len(self.nodes)} nodes "
-                "do not split evenly"
+                f"running task {self.task!r}: {self.gpus} GPUs over {len(self.nodes)} nodes do not split evenly"
             )
         if not math.isfinite(self.restart_s) or self.restart_s < 0:
             raise SpecError(f"running task {self.task!r}: restart_s must be >= 0, got {self.restart_s}")
+
+
+@dataclass(frozen=True)
+class Incumbent:
+    """The plan being followed: tasks in planned start order, each with its placement.
+
+    ``placements`` maps a task to ``(strategy, gpus, nodes)`` (node names);
+    tasks may be missing (e.g. arrived since), and extra ones are ignored.
+
+    Example:
+        >>> inc = Incumbent(("b", "a"), {"a": ("ddp", 2, ("node-0",)), "b": ("fsdp", 4, ("node-1",))})
+        >>> inc.placements["b"]
+        ('fsdp', 4, ('node-1',))
+    """
+
+    order: tuple[str, ...]
+    placements: Mapping[str, tuple[str, int, tuple[str, ...]]]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "order", tuple(self.order))
+        object.__setattr__(self, "placements", {t: (s, g, tuple(n)) for t, (s, g, n) in self.placements.items()})
+        if len(set(self.order)) != len(self.order):
+            raise SpecError("a task appears twice in the incumbent plan's order")
+        missing = [t for t in self.order if t not in self.placements]
+        if missing:
+            raise SpecError(f"incumbent plan: no placement for task(s) {', '.join(missing[:5])}")
+        for t, (_, gpus, nodes) in self.placements.items():
+            if not nodes or len(set(nodes)) != len(nodes) or gpus % len(nodes):
+                raise SpecError(
+                    f"incumbent plan: task {t!r} has {gpus} GPUs on nodes {list(nodes)}; "
+                    "give distinct nodes that split the GPUs evenly"
+                )
 
 
 @dataclass(frozen=True)
@@ -62,6 +96,7 @@ class PlanningContext:
     release_s: Mapping[str, float] = field(default_factory=dict)
     running: tuple[RunningTask, ...] = ()
     node_available_s: Mapping[str, float] = field(default_factory=dict)
+    incumbent: Incumbent | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "running", tuple(self.running))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from ray_saturn import (
     ClusterSpec,
+    Incumbent,
     InfeasibleError,
     PlanningContext,
     ProfileError,
@@ -14,7 +17,9 @@ from ray_saturn import (
     SpecError,
     validate_plan,
 )
-from ray_saturn.solver import policy_names, solve
+from ray_saturn.solver import build_problem, policy_names, solve
+from ray_saturn.solver.listsched import replay_schedule
+from ray_saturn.solver.policies.saturn import SaturnPolicy
 
 
 def profile():
@@ -94,3 +99,86 @@ def test_impossible_tasks_name_the_task():
     )
     with pytest.raises(InfeasibleError, match="task 'oom' has no feasible configuration"):
         solve(prof, ClusterSpec.uniform(1, 1))
+
+
+def test_incumbent_is_checked():
+    with pytest.raises(SpecError, match="twice"):
+        Incumbent(("a", "a"), {"a": ("ddp", 1, ("n0",))})
+    with pytest.raises(SpecError, match="no placement for task"):
+        Incumbent(("a", "b"), {"a": ("ddp", 1, ("n0",))})
+    with pytest.raises(SpecError, match="split the GPUs evenly"):
+        Incumbent(("a",), {"a": ("ddp", 3, ("n0", "n1"))})
+
+
+def test_incumbent_hint_maps_configurations_nodes_and_order():
+    rows = [
+        {"task": "a", "strategy": "ddp", "gpus": 1, "step_time_s": 10.0, "steps": 10},
+        {"task": "a", "strategy": "ddp", "gpus": 2, "step_time_s": 6.0, "steps": 10},
+        # fsdp on 2 GPUs is dominated by ddp on 2 GPUs and pruned.
+        {"task": "a", "strategy": "fsdp", "gpus": 2, "step_time_s": 7.0, "steps": 10},
+        {"task": "b", "strategy": "ddp", "gpus": 1, "step_time_s": 10.0, "steps": 10},
+        {"task": "b", "strategy": "ddp", "gpus": 2, "step_time_s": 9.0, "steps": 10},
+        {"task": "c", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 10},
+    ]
+    prof = ProfileTable.from_rows(rows)
+    cluster = ClusterSpec.uniform(2, 2)
+    assert build_problem(prof, cluster).incumbent_hint() is None
+    inc = Incumbent(("b", "a"), {"a": ("fsdp", 2, ("node-1",)), "b": ("ddp", 1, ("node-9",))})
+    problem = build_problem(prof, cluster, PlanningContext(incumbent=inc))
+    choice, order, nodes_of = problem.incumbent_hint()
+    opt = [problem.options[t][c].config for t, c in enumerate(choice)]
+    # a: the pruned fsdp row maps to its dominator, on its node; b: as given, but its node is gone;
+    # c (not in the incumbent): its fastest option, placed when its turn comes.
+    assert [(o.strategy, o.gpus) for o in opt] == [("ddp", 2), ("ddp", 1), ("ddp", 1)]
+    assert nodes_of == [(1,), None, None]
+    assert [problem.tasks[t] for t in order] == ["b", "a", "c"]
+
+
+def _random_profile(rng: random.Random, tasks: int) -> ProfileTable:
+    rows = []
+    for i in range(tasks):
+        base, steps = rng.uniform(0.5, 3.0), rng.randint(50, 400)
+        for g in (1, 2, 4, 8):
+            eff = rng.uniform(0.5, 1.0)
+            rows.append(
+                {"task": f"t{i}", "strategy": "ddp", "gpus": g, "step_time_s": base / (g * eff), "steps": steps}
+            )
+    return ProfileTable.from_rows(rows)
+
+
+def _incumbent(plan) -> Incumbent:
+    order = tuple(a.task for a in sorted(plan.assignments, key=lambda a: (a.start_s, a.task)))
+    return Incumbent(order, {a.task: (a.strategy, a.gpus, a.nodes) for a in plan.assignments})
+
+
+def test_replaying_a_plan_never_ends_a_task_later():
+    rng = random.Random(3)
+    cluster = ClusterSpec.uniform(3, 8)
+    for seed in range(5):
+        prof = _random_profile(rng, 25)
+        plan = solve(prof, cluster, "optimus-greedy", seed=seed)
+        problem = build_problem(prof, cluster, PlanningContext(incumbent=_incumbent(plan)))
+        sched = replay_schedule(problem, *problem.incumbent_hint())
+        for t, name in enumerate(problem.tasks):
+            a = plan.assignment(name)
+            assert sched.start[t] <= a.start_s + 1e-6
+            assert tuple(problem.node_names[i] for i in sched.nodes[t]) == a.nodes
+        validate_plan(problem.to_plan(sched, policy="replay", lower_bound_s=0.0, solve_time_s=0.0), prof, cluster)
+
+
+def test_a_replan_is_never_predicted_worse_than_carrying_on():
+    """A quick re-solve given the plan being followed is at most that plan's makespan."""
+    rng = random.Random(7)
+    cluster = ClusterSpec.uniform(3, 8)
+    worse_without = 0
+    for _ in range(3):
+        prof = _random_profile(rng, 40)
+        good = solve(prof, cluster, SaturnPolicy(deterministic=True), time_limit_s=1, seed=1)
+        ctx = PlanningContext(incumbent=_incumbent(good))
+        quick = SaturnPolicy(deterministic=True)
+        replan = solve(prof, cluster, quick, context=ctx, time_limit_s=0.01, seed=2)
+        validate_plan(replan, prof, cluster, ctx)
+        assert replan.makespan_s <= good.makespan_s + 1e-6
+        blind = solve(prof, cluster, quick, time_limit_s=0.01, seed=2)
+        worse_without += blind.makespan_s > good.makespan_s + 1e-6
+    assert worse_without > 0  # the incumbent is what kept the quick re-solves from doing worse

@@ -7,6 +7,10 @@ fit it most tightly (best fit, to keep whole nodes free for wide tasks), and
 repeats. With ``strict=True`` it is first come, first served: a task never
 starts before one that precedes it in the order (no back-filling).
 
+:func:`replay_schedule` carries a plan on instead, as the runtime's
+dispatcher executes it: each task on its planned nodes, in its place in each
+node's order, as soon as those nodes have its GPUs free.
+
 Waiting tasks are bucketed by their demand (GPUs per node, node count), so a
 decision costs O(number of distinct demands), not O(waiting tasks); this keeps
 1000-task clusters fast.
@@ -22,7 +26,7 @@ from collections.abc import Sequence
 from ray_saturn.errors import InfeasibleError
 from ray_saturn.solver.problem import Problem, Schedule
 
-__all__ = ["list_schedule", "pick_nodes", "serial_schedule"]
+__all__ = ["list_schedule", "pick_nodes", "replay_schedule", "serial_schedule"]
 
 _EPS = 1e-9
 
@@ -145,6 +149,88 @@ def list_schedule(
         while unreleased and unreleased[0][0] <= now + _EPS:
             _, _, t = heapq.heappop(unreleased)
             push(t)
+    return Schedule(list(choice), start, nodes, dur)
+
+
+def replay_schedule(
+    problem: Problem,
+    choice: Sequence[int],
+    order: Sequence[int],
+    nodes_of: Sequence[tuple[int, ...] | None],
+) -> Schedule:
+    """Carry a plan on with the problem's durations (the dispatcher's semantics).
+
+    Each task runs on ``nodes_of[t]`` (``None``: the best-fitting nodes free
+    when its turn comes) and starts as soon as they have its GPUs free and
+    every task before it in ``order`` on any of those nodes has started.
+    Running tasks kept in place start at 0 on their nodes. Replaying a valid
+    schedule's own nodes and start order never ends a task later than that
+    schedule did.
+    """
+    n = problem.num_tasks
+    if sorted(order) != list(range(n)):
+        raise ValueError("order must be a permutation of the task indices")
+    dur = problem.durations(list(choice))
+    opts = [problem.options[t][choice[t]] for t in range(n)]
+    free = [int(c) for c in problem.node_gpus]
+    events: list[tuple[float, int, tuple[int, ...], int]] = []
+    seq = 0
+    for i, avail in enumerate(problem.node_avail):
+        if avail > 0:
+            free[i] = 0
+            events.append((float(avail), seq, (i,), int(problem.node_gpus[i])))
+            seq += 1
+    start = [0.0] * n
+    nodes: list[tuple[int, ...]] = [()] * n
+    for t, opt in enumerate(opts):
+        if opt.pinned_nodes is not None:
+            _place(t, opt.pinned_nodes, 0.0, opts, dur, free, start, nodes, events, seq)
+            seq += 1
+    heapq.heapify(events)
+    release = problem.release
+    queue = [t for t in order if opts[t].pinned_nodes is None]
+    floating = sum(nodes_of[t] is None for t in queue)
+    all_nodes = problem.num_nodes
+    now = 0.0
+    while queue:
+        blocked: set[int] = set()
+        rest = []
+        for idx, t in enumerate(queue):
+            if not floating and len(blocked) == all_nodes:
+                rest.extend(queue[idx:])  # every node waits on an earlier task
+                break
+            opt, ns = opts[t], nodes_of[t]
+            if ns is not None and not blocked.isdisjoint(ns):
+                blocked.update(ns)
+                rest.append(t)
+                continue
+            sel = None
+            if release[t] <= now + _EPS:
+                if ns is None:
+                    sel = pick_nodes(free, opt.per_node, opt.k)
+                elif all(free[i] >= opt.per_node for i in ns):
+                    sel = ns
+            if sel is None:
+                if ns is not None:
+                    blocked.update(ns)
+                rest.append(t)
+                continue
+            _place(t, sel, now, opts, dur, free, start, nodes, events, seq)
+            seq += 1
+            floating -= ns is None
+        queue = rest
+        if not queue:
+            break
+        later = [float(release[t]) for t in queue if release[t] > now + _EPS]
+        nxt = min(events[0][0] if events else math.inf, min(later, default=math.inf))
+        if math.isinf(nxt):
+            stuck = ", ".join(problem.tasks[t] for t in queue[:3])
+            raise InfeasibleError(f"task(s) {stuck} can never start on their planned nodes")
+        now = max(now, nxt)
+        while events and events[0][0] <= now + _EPS:
+            _, _, ns, q = heapq.heappop(events)
+            for i in ns:
+                free[i] += q
     return Schedule(list(choice), start, nodes, dur)
 
 

@@ -116,6 +116,54 @@ class Problem:
             out.append(p if p is not None else min(range(len(opts)), key=lambda i: key(t, opts[i])))
         return out
 
+    def incumbent_hint(self) -> tuple[list[int], list[int], list[tuple[int, ...] | None]] | None:
+        """The context's incumbent plan as (option, priority order, nodes) per task, or ``None``.
+
+        A running task keeps its pinned option; a task with its incumbent
+        configuration among the options gets it on its incumbent nodes (when
+        they are all still here), else the fastest option with the same node
+        count and no more GPUs (the one that pruned it), else its fastest
+        option, on nodes chosen when its turn comes. The order is the
+        incumbent's, then the other tasks by release time.
+        """
+        inc = self.context.incumbent
+        if inc is None:
+            return None
+        node_index = {n: i for i, n in enumerate(self.node_names)}
+        choice: list[int] = []
+        nodes_of: list[tuple[int, ...] | None] = []
+        for t, name in enumerate(self.tasks):
+            opts = self.options[t]
+            pinned = self.pinned_option(t)
+            want = inc.placements.get(name)
+            if pinned is not None:
+                choice.append(pinned)
+                nodes_of.append(opts[pinned].pinned_nodes)
+                continue
+            fastest = min(range(len(opts)), key=lambda i: (opts[i].duration_s, i))
+            if want is None:
+                choice.append(fastest)
+                nodes_of.append(None)
+                continue
+            strategy, gpus, names = want
+            k = len(names)
+            exact = [i for i, o in enumerate(opts) if (o.config.strategy, o.gpus, o.k) == (strategy, gpus, k)]
+            near = [i for i, o in enumerate(opts) if o.k == k and o.gpus <= gpus]
+            if exact:
+                choice.append(exact[0])
+            elif near:
+                choice.append(min(near, key=lambda i: (opts[i].duration_s, i)))
+            else:
+                choice.append(fastest)
+            fits = opts[choice[-1]].k == k and all(n in node_index for n in names)
+            nodes_of.append(tuple(sorted(node_index[n] for n in names)) if fits else None)
+        rank = {name: i for i, name in enumerate(inc.order)}
+        order = sorted(
+            range(self.num_tasks),
+            key=lambda t: (rank.get(self.tasks[t], len(rank)), float(self.release[t]), t),
+        )
+        return choice, order, nodes_of
+
     def durations(self, choice: list[int]) -> list[float]:
         return [self.options[t][o].duration_s for t, o in enumerate(choice)]
 
@@ -261,4 +309,3 @@ def _check_running_fits(running, node_names, node_index, node_gpus) -> None:
             f"running tasks hold {int(used[n])} GPUs on node {node_names[n]!r}, which has {int(node_gpus[n])}; "
             "the planning context is inconsistent"
         )
-

@@ -41,7 +41,7 @@ import time
 
 from ray_saturn.solver.decompose import decomposed_start
 from ray_saturn.solver.heuristic import heuristic_schedule
-from ray_saturn.solver.listsched import list_schedule
+from ray_saturn.solver.listsched import list_schedule, replay_schedule
 from ray_saturn.solver.policy import Policy, PolicyResult, get_policy, register_policy
 from ray_saturn.solver.problem import Problem, Schedule
 
@@ -100,6 +100,11 @@ class SaturnPolicy(Policy):
             get_policy(name).solve(problem, bound, time_limit_s=0, seed=seed).schedule
             for name in ("fifo-fastest", "fifo-min-gpus", "fifo-whole-node", "optimus-greedy")
         ]
+        # A re-plan also starts from the plan being followed, so it is never predicted worse than carrying on.
+        hint = problem.incumbent_hint()
+        if hint is not None:
+            choice, order, nodes_of = hint
+            baselines += [replay_schedule(problem, choice, order, nodes_of), list_schedule(problem, choice, order)]
         n_intervals = sum(len(o) for o in problem.options) * problem.num_nodes
         exact = n_intervals <= MAX_INTERVALS
         share = min(5.0, 0.2 * time_limit_s) if exact else time_limit_s
