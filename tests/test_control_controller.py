@@ -148,11 +148,25 @@ def test_small_deviation_or_costly_move_keeps_the_task():
     prof = _rows(("a", 1000, [(1, 1.0), (2, 0.6)]), ("b", 1000, [(1, 1.0)]))
     ctl, _ = _checked_controller(prof, ClusterSpec.uniform(1, 2), "saturn-replan", restart_s=300.0)
     ctl.start(0.0)
-    assert ctl.report_progress("b", 20, 20.0, step_time_s=1.05) == []  # within 10%: no re-plan
+    # 1% slow: its end moves 10 s, less than 2% of the 1000 s plan: no re-plan.
+    assert ctl.report_progress("b", 20, 20.0, step_time_s=1.01) == []
     assert len(ctl.replans) == 1
     out = ctl.handle(TaskFinished(time_s=30.0, task="b"))
     assert not any(isinstance(a, Stop) for a in out) and ctl.moves == 0
     assert ctl.replans[-1].moves and not ctl.replans[-1].moves[0].move
+
+
+def test_small_relative_deviation_of_a_long_task_replans():
+    # 5% slow is within 10%, but over b's 980 remaining steps it moves b's end by 49 s,
+    # more than 2% of the 1000 s plan.
+    prof = _rows(("a", 1000, [(1, 1.0), (2, 0.6)]), ("b", 1000, [(1, 1.0)]))
+    ctl, _ = _checked_controller(prof, ClusterSpec.uniform(1, 2), "saturn-replan", restart_s=300.0)
+    ctl.start(0.0)
+    ctl.report_progress("b", 20, 20.0, step_time_s=1.05)
+    assert len(ctl.replans) == 2 and "end 49 s off" in ctl.replans[-1].reasons[0]
+    static, _ = _checked_controller(prof, ClusterSpec.uniform(1, 2), "saturn-static", restart_s=300.0)
+    static.start(0.0)
+    assert static.report_progress("b", 20, 20.0, step_time_s=1.05) == [] and len(static.replans) == 1
 
 
 def test_periodic_policy_wakes_up_and_replans():

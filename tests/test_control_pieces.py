@@ -6,10 +6,13 @@ import pytest
 
 from ray_saturn import ClusterSpec, ProfileTable, SaturnError
 from ray_saturn.control import (
+    Controller,
     EventReplan,
+    GpusIdle,
     PeriodicReplan,
     Placement,
     PlannedTask,
+    ReplanView,
     StaticReplan,
     TaskFinished,
     TaskOffEstimate,
@@ -158,13 +161,61 @@ def test_policy_registry_and_triggers():
     with pytest.raises(SaturnError, match="positive"):
         PeriodicReplan(interval_s=0)
     off = TaskOffEstimate(time_s=5.0, task="a", measured_step_time_s=2.0, estimate_step_time_s=1.0)
-    assert StaticReplan().wants_replan(off, None, None) is None
-    assert EventReplan().wants_replan(off, None, None)
+    assert StaticReplan().wants_replan(off, ReplanView()) is None
+    assert EventReplan().wants_replan(off, ReplanView())
     p = TaskProgress("a", 10, state=TaskState.FINISHED)
     p.segments.append(Segment(Placement("ddp", 1, ("n0",)), 0.0, end_s=100.0))
-    assert EventReplan().wants_replan(TaskFinished(time_s=100.0, task="a"), p, 105.0) is None
-    assert EventReplan().wants_replan(TaskFinished(time_s=100.0, task="a"), p, 150.0)
+    assert EventReplan().wants_replan(TaskFinished(time_s=100.0, task="a"), ReplanView(p, 105.0)) is None
+    assert EventReplan().wants_replan(TaskFinished(time_s=100.0, task="a"), ReplanView(p, 150.0))
     per = PeriodicReplan(interval_s=50.0)
     assert per.next_tick_s(10.0, 1000.0) == 60.0
     assert PeriodicReplan().next_tick_s(0.0, 1000.0) == pytest.approx(100.0)
-    assert per.wants_replan(Tick(time_s=60.0), None, None) == "periodic"
+    assert per.wants_replan(Tick(time_s=60.0), ReplanView()) == "periodic"
+
+
+def test_event_replan_finish_drift_is_relative_to_the_plan_horizon():
+    # A long task 5% late: within 10% of its own run, but 5% of a 1000 s horizon is a hole.
+    p = TaskProgress("a", 10, state=TaskState.FINISHED)
+    p.segments.append(Segment(Placement("ddp", 1, ("n0",)), 0.0, end_s=1050.0))
+    late = TaskFinished(time_s=1050.0, task="a")
+    assert EventReplan().wants_replan(late, ReplanView(p, 1000.0)) is None  # no plan horizon known
+    assert "finished +50 s" in EventReplan().wants_replan(late, ReplanView(p, 1000.0, 0.0, 1000.0))
+    assert EventReplan(horizon_drift=0.1).wants_replan(late, ReplanView(p, 1000.0, 0.0, 1000.0)) is None
+    idle = GpusIdle(time_s=5.0, node="n0", gpus=2, busy_for_s=100.0)
+    assert "idle on n0" in EventReplan().wants_replan(idle, ReplanView())
+    assert StaticReplan().wants_replan(idle, ReplanView()) is None
+    assert PeriodicReplan().wants_replan(idle, ReplanView()) is None
+
+
+def _tail_profile():
+    # "long" and "short" run side by side (1000 s); "long" on both nodes first is 900 + 200 s.
+    rows = []
+    for gpus, nodes, st in ((2, 1, 1.0), (4, 2, 0.9)):
+        rows.append({"task": "long", "strategy": "ddp", "gpus": gpus, "nodes": nodes, "step_time_s": st, "steps": 1000})
+    rows.append({"task": "short", "strategy": "ddp", "gpus": 2, "step_time_s": 1.0, "steps": 200})
+    return ProfileTable.from_rows(rows)
+
+
+@pytest.mark.parametrize("policy", ["saturn-replan", "saturn-static"])
+def test_controller_raises_gpus_idle_once_per_idle_stretch(policy):
+    ctl = Controller(_tail_profile(), ClusterSpec.uniform(2, 2), policy, restart_s=10.0, solver_time_limit_s=2)
+    launches = {a.task: a for a in ctl.start(0.0)}
+    assert set(launches) == {"long", "short"}
+    free_node = launches["short"].placement.nodes[0]
+    # "short" ends on time; its node has no queued task left while "long" runs 800 s more.
+    ctl.report_progress("long", 200, 200.0)
+    actions = ctl.handle(TaskFinished(time_s=200.0, task="short"))
+    idle = [e for e in ctl.log if e.get("kind") == "gpus_idle"]
+    assert [(e["node"], e["gpus"]) for e in idle] == [(free_node, 2)]
+    if policy == "saturn-static":
+        assert actions == [] and len(ctl.replans) == 1
+        return
+    # The idle node prompted a re-plan, which moves "long" onto both nodes (720 + 10 s < 800 s).
+    assert len(ctl.replans) == 2 and "idle on" in ctl.replans[-1].reasons[0]
+    assert [(a.kind, a.task) for a in actions] == [("stop", "long"), ("launch", "long")]
+    assert len(actions[1].placement.nodes) == 2 and actions[1].steps_done == 200
+    # The same idle stretch does not raise it again, and a finished run raises nothing.
+    ctl.handle(Tick(time_s=201.0))
+    assert len([e for e in ctl.log if e.get("kind") == "gpus_idle"]) == 1
+    assert ctl.handle(TaskFinished(time_s=930.0, task="long")) == [] and ctl.done
+    assert len([e for e in ctl.log if e.get("kind") == "gpus_idle"]) == 1

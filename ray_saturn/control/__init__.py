@@ -11,7 +11,8 @@ Pieces (each usable alone):
   (steps done, measured step time, current :class:`Placement`, segments).
 - :mod:`~ray_saturn.control.events`: :class:`TaskArrived`,
   :class:`TaskFinished`, :class:`TaskOffEstimate`, :class:`TaskFailed`,
-  :class:`NodeLost`, :class:`NodeAdded`, :class:`Tick`.
+  :class:`NodeLost`, :class:`NodeAdded`, :class:`Tick`, and
+  :class:`GpusIdle`, which the controller raises itself.
 - :mod:`~ray_saturn.control.replan`: re-planning policies
   (:class:`StaticReplan` = ``saturn-static`` and every baseline,
   :class:`EventReplan` = ``saturn-replan``, :class:`PeriodicReplan` =
@@ -65,6 +66,7 @@ from ray_saturn.control.controller import Action, Controller, ReplanRecord
 from ray_saturn.control.dispatch import Launch, PlannedTask, Stop, dispatch
 from ray_saturn.control.events import (
     Event,
+    GpusIdle,
     NodeAdded,
     NodeLost,
     TaskArrived,
@@ -79,6 +81,7 @@ from ray_saturn.control.replan import (
     PeriodicReplan,
     ReplanInput,
     ReplanPolicy,
+    ReplanView,
     StaticReplan,
     build_replan_input,
     get_replan_policy,
@@ -91,6 +94,7 @@ __all__ = [
     "Controller",
     "Event",
     "EventReplan",
+    "GpusIdle",
     "Launch",
     "MoveDecision",
     "NodeAdded",
@@ -101,6 +105,7 @@ __all__ = [
     "ReplanInput",
     "ReplanPolicy",
     "ReplanRecord",
+    "ReplanView",
     "Segment",
     "StaticReplan",
     "Stop",

@@ -27,9 +27,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from ray_saturn.context import Incumbent
 from ray_saturn.control.dispatch import Launch, PlannedTask, Stop, dispatch
 from ray_saturn.control.events import (
     Event,
+    GpusIdle,
     NodeAdded,
     NodeLost,
     TaskArrived,
@@ -40,9 +42,11 @@ from ray_saturn.control.events import (
 )
 from ray_saturn.control.moves import MoveDecision, decide_moves, moved_tasks
 from ray_saturn.control.replan import (
+    HORIZON_DRIFT,
     OFF_ESTIMATE,
     ReplanInput,
     ReplanPolicy,
+    ReplanView,
     build_replan_input,
     get_replan_policy,
 )
@@ -175,6 +179,7 @@ class Controller:
         self.solver_time_s = 0.0
         self.moves = 0
         self._pending: list[str] = []
+        self._idle_seen: set[str] = set()
         self._last_replan_s: float | None = None
         self._now = 0.0
 
@@ -239,7 +244,8 @@ class Controller:
         """The driver's progress report: ``steps_done`` so far, measured ``step_time_s``.
 
         Raises a :class:`TaskOffEstimate` (and handles it) the first time the
-        measured step time is more than 10% off the plan's estimate.
+        measured step time is more than 10% off the plan's estimate, or off by
+        enough to move the task's end by more than 2% of the plan's makespan.
         """
         p = self.state(task)
         if p.state is not TaskState.RUNNING:
@@ -255,7 +261,11 @@ class Controller:
         if cfg.step_time_s:
             p.slowdown = step_time_s / cfg.step_time_s
         est = p.estimate_step_time_s
-        if est and not p.flagged_off_estimate and abs(step_time_s / est - 1) > OFF_ESTIMATE:
+        if not est or p.flagged_off_estimate:
+            return []
+        shift = abs(step_time_s - est) * p.remaining_steps
+        horizon = self.plan.makespan_s if self.plan is not None else math.inf
+        if abs(step_time_s / est - 1) > OFF_ESTIMATE or shift > HORIZON_DRIFT * horizon:
             p.flagged_off_estimate = True
             return self.handle(
                 TaskOffEstimate(
@@ -263,6 +273,7 @@ class Controller:
                     task=task,
                     measured_step_time_s=step_time_s,
                     estimate_step_time_s=est,
+                    end_shift_s=shift,
                 )
             )
         return []
@@ -279,14 +290,60 @@ class Controller:
         now = self._now
         actions: list[Action] = []
         if not self._pending and self._tick_due(now):
-            self._pending.append(self.policy.wants_replan(Tick(time_s=now), None, None) or "tick")
-        if self._pending and (self._last_replan_s is None or now >= self._last_replan_s + self.min_replan_gap_s - 1e-9):
-            actions.extend(self._replan(now, self._pending))
-            self._pending = []
+            self._pending.append(self.policy.wants_replan(Tick(time_s=now), self._view()) or "tick")
+        actions.extend(self._replan_if_due(now))
         actions.extend(self._dispatch(now))
+        for ev in self._idle_events(now):
+            self.log.append({"time_s": round(now, 3), **ev.to_dict()})
+            reason = self.policy.wants_replan(ev, self._view())
+            if reason:
+                self._pending.append(reason)
+        if self._pending:
+            actions.extend(self._replan_if_due(now))
+            actions.extend(self._dispatch(now))
         return actions
 
     # ------------------------------------------------------------ internals
+    def _view(self, task: TaskProgress | None = None, planned: PlannedTask | None = None) -> ReplanView:
+        plan_end = self.plan_made_s + self.plan.makespan_s if self.plan is not None else None
+        return ReplanView(
+            task,
+            planned.end_s if planned else None,
+            self.plan_made_s if self.plan is not None else None,
+            plan_end,
+        )
+
+    def _replan_if_due(self, now: float) -> list[Action]:
+        if not self._pending:
+            return []
+        if self._last_replan_s is not None and now < self._last_replan_s + self.min_replan_gap_s - 1e-9:
+            return []  # deferred to the wake-up at the end of the gap
+        reasons, self._pending = self._pending, []
+        return self._replan(now, reasons)
+
+    def _idle_events(self, now: float) -> list[GpusIdle]:
+        """One :class:`GpusIdle` per node whose free GPUs newly have no planned queued task,
+        while a running task has at least the restart cost left (else nothing could gain)."""
+        free = self.free_gpus()
+        planned_on = {
+            n for t, e in self.planned.items() if self.tasks[t].state is TaskState.QUEUED for n in e.placement.nodes
+        }
+        idle = {n for n, g in free.items() if g > 0 and n not in planned_on}
+        self._idle_seen &= idle  # a node that filled up (or got planned work) may fall idle again
+        fresh = sorted(idle - self._idle_seen)
+        if not fresh:
+            return []
+        busy_for = max((self._left_s(p, now) for p in self.tasks.values() if p.state is TaskState.RUNNING), default=0.0)
+        if busy_for <= self.restart_s:
+            return []
+        self._idle_seen.update(fresh)
+        return [GpusIdle(time_s=now, node=n, gpus=free[n], busy_for_s=busy_for) for n in fresh]
+
+    @staticmethod
+    def _left_s(p: TaskProgress, now: float) -> float:
+        st = p.step_time_s() or 0.0
+        return p.setup_left_s(now) + max(0, p.total_steps - p.steps_at(now)) * st
+
     def _apply(self, ev: Event) -> str | None:
         if isinstance(ev, TaskArrived):
             p = self.state(ev.task)
@@ -301,7 +358,7 @@ class Controller:
             self._close(p, ev.time_s)
             p.state, p.finished_s, p.steps_done = TaskState.FINISHED, ev.time_s, p.total_steps
             planned = self.planned.pop(ev.task, None)
-            return self.policy.wants_replan(ev, p, planned.end_s if planned else None)
+            return self.policy.wants_replan(ev, self._view(p, planned))
         if isinstance(ev, TaskFailed):
             p = self.state(ev.task)
             if p.state not in (TaskState.RUNNING, TaskState.QUEUED):
@@ -330,13 +387,12 @@ class Controller:
             if ev.node.name in self.nodes:
                 raise SaturnError(f"node {ev.node.name!r} added, but it is already in the cluster")
             self.nodes[ev.node.name] = ev.node
-            return self.policy.wants_replan(ev, None, None)
+            return self.policy.wants_replan(ev, self._view())
         if isinstance(ev, TaskOffEstimate):
             p = self.state(ev.task)
-            planned = self.planned.get(ev.task)
-            return self.policy.wants_replan(ev, p, planned.end_s if planned else None)
-        if isinstance(ev, Tick):
-            return None  # a due periodic re-plan is checked after every batch of events
+            return self.policy.wants_replan(ev, self._view(p, self.planned.get(ev.task)))
+        if isinstance(ev, Tick | GpusIdle):
+            return None  # a due periodic re-plan is checked after every batch of events; idle GPUs after dispatch
         raise SaturnError(f"unknown event {type(ev).__name__}")
 
     def _tick_due(self, now: float) -> bool:
@@ -368,6 +424,20 @@ class Controller:
             restart_s=self.restart_s,
             movable=movable,
             only=self._window,
+            incumbent=self._incumbent(),
+        )
+
+    def _incumbent(self) -> Incumbent | None:
+        """The plan being followed: running tasks where they run, then queued ones in planned order."""
+        if self.plan is None:
+            return None
+        running = [p for p in self.tasks.values() if p.state is TaskState.RUNNING and p.placement is not None]
+        queued = sorted((e.start_s, t) for t, e in self.planned.items() if self.tasks[t].state is TaskState.QUEUED)
+        placements = {p.task: p.placement for p in running}
+        placements.update((t, self.planned[t].placement) for _, t in queued)
+        return Incumbent(
+            tuple(placements),
+            {t: (pl.strategy, pl.gpus, pl.nodes) for t, pl in placements.items()},
         )
 
     def _choose_window(self, queued: list[TaskProgress]) -> set[str] | None:

@@ -62,7 +62,8 @@ class TaskFinished(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class TaskOffEstimate(Event):
-    """``task`` runs at ``measured_step_time_s`` per step, >10% off ``estimate_step_time_s``.
+    """``task`` runs at ``measured_step_time_s`` per step, off ``estimate_step_time_s`` by more
+    than 10%, or by enough to move its end ``end_shift_s`` by more than 2% of the plan's horizon.
 
     The controller raises this itself from :meth:`Controller.report_progress`;
     a driver does not need to detect it.
@@ -71,6 +72,7 @@ class TaskOffEstimate(Event):
     task: str
     measured_step_time_s: float
     estimate_step_time_s: float
+    end_shift_s: float = 0.0
     kind: ClassVar[str] = "task_off_estimate"
 
 
@@ -102,6 +104,22 @@ class NodeAdded(Event):
 
     node: NodeSpec
     kind: ClassVar[str] = "node_added"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpusIdle(Event):
+    """``gpus`` GPUs of ``node`` are free now and the plan puts no queued task on that node,
+    while other tasks run on for at least ``busy_for_s`` more.
+
+    The controller raises this one itself after launching what it can (the
+    driver never sends it): the idle GPUs might shorten the run if a running
+    task moved onto more of them, or the queue were ordered differently.
+    """
+
+    node: str
+    gpus: int
+    busy_for_s: float
+    kind: ClassVar[str] = "gpus_idle"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,7 +11,8 @@ solver input, with times relative to now:
 - the cluster of the nodes alive now;
 - a :class:`~ray_saturn.context.PlanningContext` with every running task
   pinned where it runs, ``restart_s`` the cost of moving it, and
-  ``movable`` false when the policy does not move running tasks.
+  ``movable`` false when the policy does not move running tasks; and the
+  plan being followed as the incumbent, so the solver starts from it.
 
 Re-planning policies (:class:`ReplanPolicy`) only say *when* to re-plan
 beyond the re-plans every policy must make (a task arrived, failed or lost
@@ -22,9 +23,13 @@ same solver through the controller:
   ``fifo-whole-node``): keeps its plan; tasks keep their planned configuration
   and per-node order but start as soon as their GPUs are free; never moves a
   running task;
-- ``saturn-replan``: also re-plans when a task runs more than 10% off its
-  estimate, finishes more than 10% away from its planned end, or a node is
-  added; may move running tasks;
+- ``saturn-replan``: also re-plans on the events that make the plan stale:
+  a task runs more than 10% off its estimate, or off enough to move its end
+  by more than 2% of the plan's horizon; a task finishes away from its
+  planned end by more than 10% of its planned run or 2% of the plan's
+  horizon; GPUs fall idle with no queued task planned on their node while
+  other tasks run on (:class:`~ray_saturn.control.events.GpusIdle`); a node
+  is added. It may move running tasks;
 - ``saturn-periodic``: also re-plans every ``interval_s`` (as the original
   Saturn did); may move running tasks.
 
@@ -41,8 +46,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from ray_saturn.context import PlanningContext, RunningTask
-from ray_saturn.control.events import Event, NodeAdded, TaskFinished, TaskOffEstimate, Tick
+from ray_saturn.context import Incumbent, PlanningContext, RunningTask
+from ray_saturn.control.events import Event, GpusIdle, NodeAdded, TaskFinished, TaskOffEstimate, Tick
 from ray_saturn.control.state import TaskProgress, TaskState
 from ray_saturn.errors import SaturnError
 from ray_saturn.profile_table import Config, ProfileTable
@@ -53,6 +58,7 @@ __all__ = [
     "PeriodicReplan",
     "ReplanInput",
     "ReplanPolicy",
+    "ReplanView",
     "StaticReplan",
     "build_replan_input",
     "get_replan_policy",
@@ -61,6 +67,23 @@ __all__ = [
 
 #: A task more than this far off its estimate (relative) is reported off-estimate.
 OFF_ESTIMATE = 0.10
+#: A finish this far from its planned end, relative to the plan's horizon, makes the plan stale.
+HORIZON_DRIFT = 0.02
+
+
+@dataclass(frozen=True)
+class ReplanView:
+    """What a policy sees of the run when it is asked about an event (absolute times).
+
+    ``task`` is the event's task, if any, and ``planned_end_s`` its end in the
+    current plan; ``plan_made_s`` and ``plan_end_s`` are when the current plan
+    was made and when it ends (its makespan), ``None`` before the first plan.
+    """
+
+    task: TaskProgress | None = None
+    planned_end_s: float | None = None
+    plan_made_s: float | None = None
+    plan_end_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -97,12 +120,14 @@ def build_replan_input(
     restart_s: float,
     movable: bool,
     only: Collection[str] | None = None,
+    incumbent: Incumbent | None = None,
 ) -> ReplanInput | None:
     """The solver input for the queued and running tasks at ``now_s`` (``None`` if there are none).
 
     ``profile`` is the original profile (total steps, profiled step times);
     ``cluster`` the nodes alive now; ``only``, if given, limits the queued
-    tasks to those named (a rolling-horizon window; running tasks are always in).
+    tasks to those named (a rolling-horizon window; running tasks are always in);
+    ``incumbent`` the plan being followed, passed on to the solver.
 
     Example:
         >>> prof = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 1,
@@ -154,7 +179,7 @@ def build_replan_input(
                 )
             )
     table = ProfileTable.from_rows([c.to_row() for c in rows], source=f"{profile.source}@{now_s:.0f}s")
-    ctx = PlanningContext(running=tuple(running))
+    ctx = PlanningContext(running=tuple(running), incumbent=incumbent)
     return ReplanInput(now_s, table, cluster, ctx, tuple(p.task for p in active))
 
 
@@ -171,12 +196,8 @@ class ReplanPolicy(ABC):
     allows_moves: bool = False
 
     @abstractmethod
-    def wants_replan(self, event: Event, task: TaskProgress | None, planned_end_s: float | None) -> str | None:
-        """The reason to re-plan on ``event`` (``None``: keep the plan).
-
-        ``task`` is the event's task, if any; ``planned_end_s`` its end in the
-        current plan (absolute time), if it has one.
-        """
+    def wants_replan(self, event: Event, view: ReplanView) -> str | None:
+        """The reason to re-plan on ``event`` (``None``: keep the plan)."""
 
     def next_tick_s(self, last_plan_s: float, first_makespan_s: float) -> float | None:
         """The next time the controller should wake up to re-plan (``None``: never)."""
@@ -195,32 +216,46 @@ class StaticReplan(ReplanPolicy):
         self.solver_policy = solver_policy
         self.name = name or (solver_policy if solver_policy != "saturn" else "saturn-static")
 
-    def wants_replan(self, event, task, planned_end_s):
+    def wants_replan(self, event, view):
         return None
 
 
 class EventReplan(ReplanPolicy):
-    """Re-plan on events: a task off its estimate, a finish off its planned end, a node added."""
+    """Re-plan on the events that make the plan stale (see the module docstring).
+
+    ``tolerance``: how far off its estimate (relative) a task may run, and how
+    far from its planned end (relative to its planned run) it may finish;
+    ``horizon_drift``: how far from its planned end a task may finish,
+    relative to the plan's horizon (a long task's 10% can be a large hole).
+    """
 
     name = "saturn-replan"
     allows_moves = True
 
-    def __init__(self, solver_policy: str = "saturn", tolerance: float = OFF_ESTIMATE) -> None:
+    def __init__(
+        self, solver_policy: str = "saturn", tolerance: float = OFF_ESTIMATE, horizon_drift: float = HORIZON_DRIFT
+    ) -> None:
         self.solver_policy = solver_policy
         self.tolerance = tolerance
+        self.horizon_drift = horizon_drift
 
-    def wants_replan(self, event, task, planned_end_s):
+    def wants_replan(self, event, view):
         if isinstance(event, TaskOffEstimate):
             return (
                 f"{event.task} runs at {event.measured_step_time_s:.3g} s/step, "
-                f"estimate {event.estimate_step_time_s:.3g}"
+                f"estimate {event.estimate_step_time_s:.3g} (end {event.end_shift_s:.0f} s off)"
             )
         if isinstance(event, NodeAdded):
             return f"node {event.node.name} added"
-        if isinstance(event, TaskFinished) and task is not None and planned_end_s is not None and task.segments:
-            planned = max(1e-9, planned_end_s - task.segments[0].start_s)
-            if abs(event.time_s - planned_end_s) > self.tolerance * planned:
-                off = event.time_s - planned_end_s
+        if isinstance(event, GpusIdle):
+            return f"{event.gpus} GPU(s) idle on {event.node}, others busy {event.busy_for_s:.0f} s more"
+        task, planned_end = view.task, view.planned_end_s
+        if isinstance(event, TaskFinished) and task is not None and planned_end is not None and task.segments:
+            off = event.time_s - planned_end
+            allowed = self.tolerance * max(1e-9, planned_end - task.segments[0].start_s)
+            if view.plan_made_s is not None and view.plan_end_s is not None:
+                allowed = min(allowed, self.horizon_drift * max(1e-9, view.plan_end_s - view.plan_made_s))
+            if abs(off) > allowed:
                 return f"{event.task} finished {off:+.0f} s from its planned end"
         return None
 
@@ -238,7 +273,7 @@ class PeriodicReplan(ReplanPolicy):
         self.interval_s = interval_s
         self.fraction = fraction
 
-    def wants_replan(self, event, task, planned_end_s):
+    def wants_replan(self, event, view):
         return "periodic" if isinstance(event, Tick) else None
 
     def next_tick_s(self, last_plan_s, first_makespan_s):
