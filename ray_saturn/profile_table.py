@@ -222,13 +222,29 @@ class ProfileTable:
                 )
 
     def check_feasible(self) -> None:
-        """Raise, naming the task, if some task has no feasible row."""
+        """Raise, naming the task and why its rows are infeasible, if some task has no feasible row."""
         for task, rows in self._by_task.items():
             if not any(c.feasible for c in rows):
                 raise ProfileError(
-                    f"{self.source}: task {task!r} has no feasible configuration; "
+                    f"{self.source}: task {task!r} has no feasible configuration ({self.why_infeasible(task)}); "
                     "profile it on more GPUs or another strategy, or drop it"
                 )
+
+    def why_infeasible(self, task: str, limit: int = 2) -> str:
+        """The reasons of ``task``'s first ``limit`` infeasible rows, on one line.
+
+        Example:
+            >>> t = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 1, "steps": 1, "step_time_s": None,
+            ...                              "feasible": False, "reason": "out of memory"}])
+            >>> t.why_infeasible("a")
+            'ddp on 1 GPU(s): out of memory'
+        """
+        bad = [c for c in self.configs(task) if not c.feasible]
+        parts = [f"{c.strategy} on {c.gpus} GPU(s): {' '.join((c.reason or 'no reason given').split())[:160]}"
+                 for c in bad[:limit]]
+        if len(bad) > limit:
+            parts.append(f"{len(bad) - limit} more")
+        return "; ".join(parts) or "no rows"
 
     def replace(self, fn: Callable[[Config], Config | None]) -> ProfileTable:
         """A new table with ``fn`` applied to each row (``None`` drops the row).

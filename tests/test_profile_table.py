@@ -76,9 +76,17 @@ def test_unregistered_strategy_and_infeasible_task(small_profile):
         small_profile.check_strategies(["ddp"])
     small_profile.check_strategies(["ddp", "fsdp"])
     t = ProfileTable.from_rows(
-        [{"task": "x", "strategy": "ddp", "gpus": 1, "step_time_s": None, "steps": 3, "feasible": False}]
+        [
+            {"task": "x", "strategy": "ddp", "gpus": 1, "step_time_s": None, "steps": 3, "feasible": False,
+             "reason": "peak memory 0.20 GB exceeds the 0.1 GB per GPU"},
+            {"task": "x", "strategy": "fsdp", "gpus": 2, "step_time_s": None, "steps": 3, "feasible": False},
+        ]
     )
-    with pytest.raises(ProfileError, match="task 'x' has no feasible configuration"):
+    with pytest.raises(
+        ProfileError,
+        match=r"task 'x' has no feasible configuration \(ddp on 1 GPU\(s\): peak memory 0.20 GB exceeds the 0.1 GB "
+        r"per GPU; fsdp on 2 GPU\(s\): no reason given\)",
+    ):
         t.check_feasible()
 
 

@@ -94,10 +94,11 @@ def test_impossible_tasks_name_the_task():
         solve(prof, ClusterSpec.uniform(2, 4))
     prof = ProfileTable.from_rows(
         [
-            {"task": "oom", "strategy": "ddp", "gpus": 1, "step_time_s": None, "steps": 1, "feasible": False},
+            {"task": "oom", "strategy": "ddp", "gpus": 1, "step_time_s": None, "steps": 1, "feasible": False,
+             "reason": "CUDA out of memory"},
         ]
     )
-    with pytest.raises(InfeasibleError, match="task 'oom' has no feasible configuration"):
+    with pytest.raises(InfeasibleError, match=r"'oom' has no feasible configuration .*ddp on 1 GPU\(s\): CUDA out"):
         solve(prof, ClusterSpec.uniform(1, 1))
 
 

@@ -278,6 +278,9 @@ class Profiler:
             measured[stored.key] = stored
             chain.advance(stored, self.min_improvement)
 
+        def fail(chain: _Chain, trial: RunningTrial, reason: str) -> None:
+            finish(chain, trial, Infeasible(trial.spec.strategy, trial.spec.gpus, reason), trial.gpu_seconds())
+
         while True:
             # launch what fits (cached configurations are taken from the store at once)
             progressed = True
@@ -328,16 +331,7 @@ class Profiler:
                     try:
                         trial.start(self.trial_timeout_s)
                     except Exception as exc:
-                        finish(
-                            chain,
-                            trial,
-                            Infeasible(
-                                trial.spec.strategy,
-                                trial.spec.gpus,
-                                f"workers failed to start: {exc}",
-                            ),
-                            trial.gpu_seconds(),
-                        )
+                        fail(chain, trial, f"workers failed to start: {exc}")
                         continue
                     running[trial.result_ref] = (chain, trial)
                 else:
@@ -346,7 +340,8 @@ class Profiler:
                         outcome = ray.get(ref)
                     except Exception as exc:
                         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-                        outcome = Infeasible(trial.spec.strategy, trial.spec.gpus, f"trial worker died: {first}")
+                        fail(chain, trial, f"trial worker died: {first}")
+                        continue
                     finish(chain, trial, outcome, trial.gpu_seconds())
             for ref, (chain, trial) in list(waiting_pg.items()):
                 # our own running trials may hold the bundles it waits for: only time it out when
@@ -354,17 +349,11 @@ class Profiler:
                 waited = now - max(trial.created_s, last_release)
                 if not running and waited > self.placement_timeout_s:
                     waiting_pg.pop(ref)
-                    finish(
+                    fail(
                         chain,
                         trial,
-                        Infeasible(
-                            trial.spec.strategy,
-                            trial.spec.gpus,
-                            f"no placement for {trial.spec.gpus} GPU(s) on "
-                            f"{trial.spec.nodes} node(s) "
-                            f"within {self.placement_timeout_s:g} s",
-                        ),
-                        trial.gpu_seconds(),
+                        f"no placement for {trial.spec.gpus} GPU(s) on {trial.spec.nodes} node(s) "
+                        f"within {self.placement_timeout_s:g} s",
                     )
             for ref, (chain, trial) in list(running.items()):
                 if trial.started_s is not None and now - trial.started_s > self.trial_timeout_s:
@@ -376,16 +365,7 @@ class Profiler:
                         trial.spec.gpus,
                         self.trial_timeout_s,
                     )
-                    finish(
-                        chain,
-                        trial,
-                        Infeasible(
-                            trial.spec.strategy,
-                            trial.spec.gpus,
-                            f"hung: no result within {self.trial_timeout_s:g} s; killed",
-                        ),
-                        trial.gpu_seconds(),
-                    )
+                    fail(chain, trial, f"hung: no result within {self.trial_timeout_s:g} s; killed")
 
     # ------------------------------------------------------------------ output
     def _table(self, tasks, sigs, chains, measured, cached_keys) -> ProfileTable:

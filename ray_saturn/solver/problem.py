@@ -282,8 +282,8 @@ def build_problem(
         if not opts:
             if not any(c.feasible for c in profile.configs(name)):
                 raise InfeasibleError(
-                    f"task {name!r} has no feasible configuration in {profile.source}; "
-                    "profile it with more GPUs or another strategy, or drop it"
+                    f"task {name!r} has no feasible configuration in {profile.source} "
+                    f"({profile.why_infeasible(name)}); profile it with more GPUs or another strategy, or drop it"
                 )
             raise InfeasibleError(
                 f"task {name!r} fits nowhere on this cluster: its configurations "

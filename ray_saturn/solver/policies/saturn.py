@@ -53,6 +53,9 @@ RESOLUTION = 20_000
 MAX_INTERVALS = 12_000
 #: Local-search decodings per second of time limit in deterministic mode.
 EVALS_PER_SECOND = 300
+#: In deterministic mode a wall clock only stops a search that overruns its work budget this many
+#: times over (a safety net): a loaded machine must not change the plan.
+SAFETY_FACTOR = 50
 
 
 def _unit(problem: Problem, horizon_s: float) -> tuple[float, bool]:
@@ -118,7 +121,7 @@ class SaturnPolicy(Policy):
         heur = heuristic_schedule(
             problem,
             bound,
-            time_limit_s=share * (10 if self.deterministic else 1),
+            time_limit_s=max(10.0, SAFETY_FACTOR * share) if self.deterministic else share,
             seed=seed,
             on_schedule=seen,
             max_evaluations=int(EVALS_PER_SECOND * share) if self.deterministic else None,
@@ -227,7 +230,7 @@ def _cp_sat(problem: Problem, choice, order, ub_s: float, time_limit_s: float, s
     p.random_seed = seed
     if deterministic:
         p.max_deterministic_time = max(0.05, time_limit_s)
-        p.max_time_in_seconds = max(1.0, 10 * time_limit_s)  # a safety net only
+        p.max_time_in_seconds = max(10.0, SAFETY_FACTOR * time_limit_s)  # a safety net only
         p.num_workers = 1
     else:
         p.max_time_in_seconds = max(0.05, time_limit_s)
