@@ -1,9 +1,14 @@
 """LLM-style fine-tuning grid: a GPT too big for one (logical) GPU's memory budget, 2 learning rates x 2 freezings.
 
-With ``--memory-limit-gb`` below what one worker needs for the model, its
-weights, gradients and Adam state, the profiler marks ``single`` and ``ddp``
-infeasible and the plan has to use ``fsdp`` (sharded) or ``spill`` (layers
-offloaded). Run it locally (logical GPUs on the CPU) or as a job::
+On GPUs the per-GPU memory budget defaults to 80% of what one unsharded
+worker needs for the model's weights, gradients and Adam state, so the
+profiler marks ``single`` and ``ddp`` infeasible and the plan has to shard
+(``fsdp``). With ``--local`` (logical GPUs on the CPU) a worker's "peak
+memory" is its process's resident-set growth, activations and allocator
+included, which does not shrink with sharding the way GPU memory does; so
+there is no budget unless ``--memory-limit-gb`` gives one, and the plan is
+free to pick ``ddp``. The GPT ties its output head to its embedding, which
+``fsdp`` keeps in one group. Run it locally or as a job::
 
     python examples/llm_finetune_grid.py --local --plan-only     # profile + plan, print both plans
     python examples/llm_finetune_grid.py --local                 # and train with ray_saturn.run
@@ -60,18 +65,22 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=4)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--memory-limit-gb", type=float, default=None,
-                        help="per-GPU memory budget (default: 80%% of what one unsharded worker needs)")
+                        help="per-GPU memory budget (default on GPUs: 80%% of what one unsharded worker needs; "
+                             "with --local: none)")
     parser.add_argument("--plan-only", action="store_true")
     parser.add_argument("--storage", default="/tmp/ray-saturn-runs/llm-grid")
     args = parser.parse_args()
-    limit = args.memory_limit_gb or 0.8 * model_bytes() / 1e9
+    limit = args.memory_limit_gb
+    if limit is None and not args.local:
+        limit = 0.8 * model_bytes() / 1e9
     if args.local:
         ray.init(address="local", num_gpus=args.gpus, include_dashboard=False)
     else:
         ray.init()
     cluster = ClusterSpec.from_ray()
     grid = tasks(args.steps)
-    print(f"model state {model_bytes() / 1e6:.1f} MB per unsharded worker; budget {limit * 1e3:.1f} MB per GPU")
+    budget = f"budget {limit * 1e3:.1f} MB per GPU" if limit is not None else "no memory budget"
+    print(f"model state {model_bytes() / 1e6:.1f} MB per unsharded worker; {budget}")
     profile = ray_saturn.profile(grid, cluster, memory_limit_gb=limit)
     plan = ray_saturn.plan(profile, cluster, "saturn", time_limit_s=10)
     baseline = ray_saturn.plan(profile, cluster, "fifo-whole-node", time_limit_s=10)

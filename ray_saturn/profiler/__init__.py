@@ -230,11 +230,13 @@ class Profiler:
                 if (sig, strat_name) in chains:
                     continue
                 strat = get_strategy(strat_name)
-                steps = [(g, n) for g, n in ladder if strat.applies(task, g) is None]
+                why = {(g, n): strat.applies(task, g) for g, n in ladder}
+                steps = [gn for gn, reason in why.items() if reason is None]
                 if steps:
                     chains[(sig, strat_name)] = _Chain(task, sig, strat_name, steps)
                 else:
-                    log.info("%s does not apply to %s on any GPU count here", strat_name, task.name)
+                    first = next((r for r in why.values() if r), "no GPU count fits")
+                    log.warning("%s does not apply to %s on any GPU count here: %s", strat_name, task.name, first)
         measured: dict[tuple[str, str, int, int], StoredTrial] = {}
         cached_keys: set[tuple[str, str, int, int]] = set()
         cost, run_count = self._walk(list(chains.values()), cluster, measured, cached_keys)

@@ -3,7 +3,8 @@
 Composition order, as in torchtitan: activation checkpointing on each block
 first, then ``fully_shard`` on each block, then on the root. Blocks are the
 children of an ``nn.Sequential`` model, the entries of a ``layers``
-``ModuleList``, or else the model's direct children that hold parameters.
+container, or else the model's direct children that hold parameters; blocks
+with tied weights stay in the root's group (see :func:`blocks_of`).
 Composable checkpointing keeps the parameter names, so checkpoints written
 by FSDP load into any other strategy.
 
@@ -40,14 +41,40 @@ __all__ = ["FSDP", "blocks_of"]
 
 
 def blocks_of(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks of a model that FSDP shards one by one."""
+    """The blocks of a model that FSDP shards one by one.
+
+    The children of an ``nn.Sequential`` model, else the entries of a
+    ``layers`` container (``nn.ModuleList`` or ``nn.Sequential``), else the
+    model's direct children. A block is left to the root's group when it
+    holds no parameters, or shares one with the rest of the model (tied
+    weights, e.g. an embedding and its output head: FSDP2 needs them in one
+    group).
+
+    Example:
+        >>> from ray_saturn.workloads.text import TinyGPT
+        >>> gpt = TinyGPT(vocab=10, width=8, depth=3, heads=2, context=4)
+        >>> len(blocks_of(gpt)) == 3
+        True
+        >>> tied = nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 10))
+        >>> tied[1].weight = tied[0].weight
+        >>> blocks_of(tied)
+        []
+    """
+    layers = getattr(model, "layers", None)
     if isinstance(model, nn.Sequential):
-        kids = list(model.children())
-    elif isinstance(getattr(model, "layers", None), nn.ModuleList):
-        kids = list(model.layers)
+        named = list(model.named_children())
+    elif isinstance(layers, nn.ModuleList | nn.Sequential):
+        named = [(f"layers.{n}", m) for n, m in layers.named_children()]
     else:
-        kids = list(model.children())
-    return [m for m in kids if any(True for _ in m.parameters())]
+        named = list(model.named_children())
+    every = list(model.named_parameters(remove_duplicate=False))
+    out = []
+    for prefix, block in named:
+        own = {id(p) for p in block.parameters()}
+        shared = any(id(p) in own and not name.startswith(prefix + ".") for name, p in every)
+        if own and not shared:
+            out.append(block)
+    return out
 
 
 class FSDP(Strategy):
