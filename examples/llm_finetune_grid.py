@@ -47,7 +47,7 @@ def tasks(steps: int) -> list[ray_saturn.Task]:
     for lr in (1e-4, 3e-4):
         for freeze in (0, 3):
             task = gpt_task(width=WIDTH, depth=DEPTH, heads=HEADS, context=CONTEXT, lr=lr, max_steps=steps,
-                            name=f"gpt-ft-lr{lr:g}-freeze{freeze}", strategies=("single", "ddp", "fsdp", "spill"))
+                            name=f"gpt-ft-lr{lr:g}-freeze{freeze}", strategies=("single", "ddp", "fsdp"))
             task.model = functools.partial(frozen_gpt, freeze=freeze)
             out.append(task)
     return out
