@@ -85,11 +85,18 @@ def submit_and_wait(address: str, env: dict, workdir: Path, entrypoint: list[str
     """Submit with the `ray job submit` CLI, poll `ray job status` until it ends; return (status, logs)."""
     job_id = f"saturn-{uuid.uuid4().hex[:8]}"
     ray = str(BIN / "ray")
-    submit = subprocess.run(
-        [ray, "job", "submit", f"--address={address}", f"--submission-id={job_id}", "--no-wait",
-         "--working-dir", ".", "--", *entrypoint],
-        cwd=workdir, env=env, capture_output=True, text=True, timeout=120,
-    )
+    # The dashboard answers before its job agent is up on a loaded machine; Ray then asks to try again later.
+    agent_deadline = time.monotonic() + 120
+    while True:
+        submit = subprocess.run(
+            [ray, "job", "submit", f"--address={address}", f"--submission-id={job_id}", "--no-wait",
+             "--working-dir", ".", "--", *entrypoint],
+            cwd=workdir, env=env, capture_output=True, text=True, timeout=120,
+        )
+        waiting = "No available agent to submit job" in submit.stdout + submit.stderr
+        if submit.returncode == 0 or not waiting or time.monotonic() > agent_deadline:
+            break
+        time.sleep(3)
     assert submit.returncode == 0, submit.stdout + submit.stderr
     status = ""
     deadline = time.monotonic() + timeout_s
