@@ -142,10 +142,7 @@ def list_schedule(
             stuck = [problem.tasks[t] for t in waiting if not nodes[t]][:3]
             raise InfeasibleError(f"task(s) {', '.join(stuck)} can never start: no node set fits them")
         now = max(now, nxt)
-        while events and events[0][0] <= now + _EPS:
-            _, _, ns, q = heapq.heappop(events)
-            for i in ns:
-                free[i] += q
+        _free_finished(events, free, now)
         while unreleased and unreleased[0][0] <= now + _EPS:
             _, _, t = heapq.heappop(unreleased)
             push(t)
@@ -227,11 +224,16 @@ def replay_schedule(
             stuck = ", ".join(problem.tasks[t] for t in queue[:3])
             raise InfeasibleError(f"task(s) {stuck} can never start on their planned nodes")
         now = max(now, nxt)
-        while events and events[0][0] <= now + _EPS:
-            _, _, ns, q = heapq.heappop(events)
-            for i in ns:
-                free[i] += q
+        _free_finished(events, free, now)
     return Schedule(list(choice), start, nodes, dur)
+
+
+def _free_finished(events, free, now: float) -> None:
+    """Give back the GPUs of every event (a task's end, a node becoming available) due by ``now``."""
+    while events and events[0][0] <= now + _EPS:
+        _, _, ns, q = heapq.heappop(events)
+        for i in ns:
+            free[i] += q
 
 
 def _place(t, sel, now, opts, dur, free, start, nodes, events, seq) -> None:
