@@ -64,7 +64,7 @@ class Background:
                 self.out = emulate(
                     prof, 2, 2, time_scale=SCALE, storage=run_dir, use_running_ray=True, **kw
                 )
-            except Exception as exc:
+            except BaseException as exc:  # a SystemExit from ray.get must reach the test too
                 self.error = exc
 
         self.thread = threading.Thread(target=go, daemon=True)
@@ -86,6 +86,7 @@ class Background:
     def join(self, timeout=120.0):
         self.thread.join(timeout)
         assert not self.thread.is_alive(), "the run did not finish"
+        assert self.out is not None, f"the run raised {self.error!r}"
         return self.out
 
 
