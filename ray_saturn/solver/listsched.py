@@ -22,9 +22,10 @@ import heapq
 import math
 from bisect import bisect_right
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from ray_saturn.errors import InfeasibleError
-from ray_saturn.solver.problem import Problem, Schedule
+from ray_saturn.solver.problem import Option, Problem, Schedule
 
 __all__ = ["list_schedule", "pick_nodes", "replay_schedule", "serial_schedule"]
 
@@ -62,30 +63,7 @@ def list_schedule(
     ``durations`` overrides the options' durations (the CP-SAT model uses
     rounded ones). Running tasks kept in place start at 0 on their nodes.
     """
-    n = problem.num_tasks
-    if sorted(order) != list(range(n)):
-        raise ValueError("order must be a permutation of the task indices")
-    dur = list(durations) if durations is not None else problem.durations(list(choice))
-    opts = [problem.options[t][choice[t]] for t in range(n)]
-    caps = [int(c) for c in problem.node_gpus]
-    free = list(caps)
-    events: list[tuple[float, int, tuple[int, ...], int]] = []  # (time, seq, nodes, gpus per node)
-    seq = 0
-    for i, avail in enumerate(problem.node_avail):
-        if avail > 0:
-            free[i] = 0
-            events.append((float(avail), seq, (i,), caps[i]))
-            seq += 1
-    start = [0.0] * n
-    nodes: list[tuple[int, ...]] = [()] * n
-    for t, opt in enumerate(opts):
-        if opt.pinned_nodes is not None:
-            nodes[t] = opt.pinned_nodes
-            for i in opt.pinned_nodes:
-                free[i] -= opt.per_node
-            events.append((dur[t], seq, opt.pinned_nodes, opt.per_node))
-            seq += 1
-    heapq.heapify(events)
+    dur, opts, free, events, start, nodes, seq = _begin(problem, choice, order, durations)
 
     rank = {t: r for r, t in enumerate(order)}
     waiting = [t for t in order if opts[t].pinned_nodes is None]
@@ -164,26 +142,7 @@ def replay_schedule(
     schedule's own nodes and start order never ends a task later than that
     schedule did.
     """
-    n = problem.num_tasks
-    if sorted(order) != list(range(n)):
-        raise ValueError("order must be a permutation of the task indices")
-    dur = problem.durations(list(choice))
-    opts = [problem.options[t][choice[t]] for t in range(n)]
-    free = [int(c) for c in problem.node_gpus]
-    events: list[tuple[float, int, tuple[int, ...], int]] = []
-    seq = 0
-    for i, avail in enumerate(problem.node_avail):
-        if avail > 0:
-            free[i] = 0
-            events.append((float(avail), seq, (i,), int(problem.node_gpus[i])))
-            seq += 1
-    start = [0.0] * n
-    nodes: list[tuple[int, ...]] = [()] * n
-    for t, opt in enumerate(opts):
-        if opt.pinned_nodes is not None:
-            _place(t, opt.pinned_nodes, 0.0, opts, dur, free, start, nodes, events, seq)
-            seq += 1
-    heapq.heapify(events)
+    dur, opts, free, events, start, nodes, seq = _begin(problem, choice, order, None)
     release = problem.release
     queue = [t for t in order if opts[t].pinned_nodes is None]
     floating = sum(nodes_of[t] is None for t in queue)
@@ -226,6 +185,44 @@ def replay_schedule(
         now = max(now, nxt)
         _free_finished(events, free, now)
     return Schedule(list(choice), start, nodes, dur)
+
+
+class _Begin(NamedTuple):
+    """The state list and replay scheduling start from at time 0."""
+
+    dur: list[float]
+    opts: list[Option]
+    free: list[int]  # free GPUs per node
+    events: list[tuple[float, int, tuple[int, ...], int]]  # heap of (time, seq, nodes, GPUs per node) freed then
+    start: list[float]
+    nodes: list[tuple[int, ...]]
+    seq: int  # the next event number
+
+
+def _begin(problem: Problem, choice: Sequence[int], order: Sequence[int], durations: Sequence[float] | None) -> _Begin:
+    """Unavailable nodes held until they come back, running tasks kept in place placed at 0."""
+    n = problem.num_tasks
+    if sorted(order) != list(range(n)):
+        raise ValueError("order must be a permutation of the task indices")
+    dur = list(durations) if durations is not None else problem.durations(list(choice))
+    opts = [problem.options[t][choice[t]] for t in range(n)]
+    caps = [int(c) for c in problem.node_gpus]
+    free = list(caps)
+    events: list[tuple[float, int, tuple[int, ...], int]] = []
+    seq = 0
+    for i, avail in enumerate(problem.node_avail):
+        if avail > 0:
+            free[i] = 0
+            events.append((float(avail), seq, (i,), caps[i]))
+            seq += 1
+    start = [0.0] * n
+    nodes: list[tuple[int, ...]] = [()] * n
+    for t, opt in enumerate(opts):
+        if opt.pinned_nodes is not None:
+            _place(t, opt.pinned_nodes, 0.0, opts, dur, free, start, nodes, events, seq)
+            seq += 1
+    heapq.heapify(events)
+    return _Begin(dur, opts, free, events, start, nodes, seq)
 
 
 def _free_finished(events, free, now: float) -> None:
