@@ -333,16 +333,11 @@ class Controller:
         fresh = sorted(idle - self._idle_seen)
         if not fresh:
             return []
-        busy_for = max((self._left_s(p, now) for p in self.tasks.values() if p.state is TaskState.RUNNING), default=0.0)
+        busy_for = max((p.time_left_s(now) for p in self.tasks.values() if p.state is TaskState.RUNNING), default=0.0)
         if busy_for <= self.restart_s:
             return []
         self._idle_seen.update(fresh)
         return [GpusIdle(time_s=now, node=n, gpus=free[n], busy_for_s=busy_for) for n in fresh]
-
-    @staticmethod
-    def _left_s(p: TaskProgress, now: float) -> float:
-        st = p.step_time_s() or 0.0
-        return p.setup_left_s(now) + max(0, p.total_steps - p.steps_at(now)) * st
 
     def _apply(self, ev: Event) -> str | None:
         if isinstance(ev, TaskArrived):

@@ -138,6 +138,11 @@ class TaskProgress:
             return 0.0
         return max(0.0, seg.start_s + seg.setup_s - now_s)
 
+    def time_left_s(self, now_s: float) -> float:
+        """Seconds of set-up and steps still to run at ``now_s``, at the current step-time estimate."""
+        st = self.step_time_s() or 0.0
+        return self.setup_left_s(now_s) + max(0, self.total_steps - self.steps_at(now_s)) * st
+
     def to_dict(self) -> dict:
         return {
             "task": self.task,
