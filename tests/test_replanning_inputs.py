@@ -133,6 +133,12 @@ def test_incumbent_hint_maps_configurations_nodes_and_order():
     assert [(o.strategy, o.gpus) for o in opt] == [("ddp", 2), ("ddp", 1), ("ddp", 1)]
     assert nodes_of == [(1,), None, None]
     assert [problem.tasks[t] for t in order] == ["b", "a", "c"]
+    # A node that no longer holds the task's GPUs (it came back smaller): placed when its turn comes.
+    small = ClusterSpec.from_dict({"nodes": [{"name": "node-0", "gpus": 2}, {"name": "node-1", "gpus": 1}]})
+    problem = build_problem(prof, small, PlanningContext(incumbent=inc))
+    assert problem.incumbent_hint()[2][0] is None
+    plan = solve(prof, small, context=PlanningContext(incumbent=inc), time_limit_s=1)
+    validate_plan(plan, prof, small)
 
 
 def _random_profile(rng: random.Random, tasks: int) -> ProfileTable:

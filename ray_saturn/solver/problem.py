@@ -121,7 +121,7 @@ class Problem:
 
         A running task keeps its pinned option; a task with its incumbent
         configuration among the options gets it on its incumbent nodes (when
-        they are all still here), else the fastest option with the same node
+        they are all still here and hold its GPUs), else the fastest option with the same node
         count and no more GPUs (the one that pruned it), else its fastest
         option, on nodes chosen when its turn comes. The order is the
         incumbent's, then the other tasks by release time.
@@ -155,7 +155,10 @@ class Problem:
                 choice.append(min(near, key=lambda i: (opts[i].duration_s, i)))
             else:
                 choice.append(fastest)
-            fits = opts[choice[-1]].k == k and all(n in node_index for n in names)
+            q = opts[choice[-1]].per_node
+            fits = opts[choice[-1]].k == k and all(
+                n in node_index and self.node_gpus[node_index[n]] >= q for n in names
+            )
             nodes_of.append(tuple(sorted(node_index[n] for n in names)) if fits else None)
         rank = {name: i for i, name in enumerate(inc.order)}
         order = sorted(
