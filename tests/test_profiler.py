@@ -10,7 +10,8 @@ import pytest
 import ray_saturn
 from ray_saturn.errors import InfeasibleError, ProfileError, SaturnError
 from ray_saturn.profile_table import ProfileTable
-from ray_saturn.profiler import Profiler, _Chain, gpu_ladder, knobs_for
+from ray_saturn.profiler import Profiler, gpu_ladder, knobs_for
+from ray_saturn.profiler.ladder import LadderWalk
 from ray_saturn.profiler.store import StoredTrial
 from ray_saturn.spec import ClusterSpec
 from ray_saturn.strategies import strategy_names
@@ -179,7 +180,7 @@ def test_profile_needs_ray(monkeypatch):
 def test_gpu_ladder_and_stop_rule():
     assert gpu_ladder(ClusterSpec.uniform(1, 8)) == [(1, 1), (2, 1), (4, 1), (8, 1)]
     assert gpu_ladder(ClusterSpec.uniform(3, 2)) == [(1, 1), (2, 1), (4, 2), (6, 3)]
-    chain = _Chain(mlp_task(), "s", "ddp", [(1, 1), (2, 1), (4, 1), (8, 1)])
+    chain = LadderWalk(mlp_task(), "s", "ddp", [(1, 1), (2, 1), (4, 1), (8, 1)])
 
     def trial(g, t, reason=None):
         return StoredTrial("s", "ddp", g, 1, t, reason is None, None, reason, "{}", 1.0)
@@ -189,10 +190,10 @@ def test_gpu_ladder_and_stop_rule():
     assert chain.next() == (4, 1)
     chain.advance(trial(4, 0.59), 0.05)  # under 5% better: stop growing
     assert chain.next() is None
-    oom = _Chain(mlp_task(), "s", "fsdp", [(1, 1), (2, 1), (4, 1)])
+    oom = LadderWalk(mlp_task(), "s", "fsdp", [(1, 1), (2, 1), (4, 1)])
     oom.advance(trial(1, None, "no knob setting ran: out of memory: CUDA out of memory"), 0.05)
     assert oom.next() == (2, 1)  # more GPUs may fit
-    broken = _Chain(mlp_task(), "s", "ddp", [(1, 1), (2, 1)])
+    broken = LadderWalk(mlp_task(), "s", "ddp", [(1, 1), (2, 1)])
     broken.advance(trial(1, None, "RuntimeError: bug"), 0.05)
     assert broken.next() is None  # more GPUs will not fix a bug
 

@@ -1,0 +1,200 @@
+"""The trial pool: runs the profiler's ladder walks as concurrent Ray trials on the cluster.
+
+Each step of a :class:`~ray_saturn.profiler.ladder.LadderWalk` is one trial
+(:mod:`ray_saturn.profiler.trials`) on a placement group sized to it; the
+pool launches as many at once as the cluster's GPUs and ``max_concurrent``
+allow, takes configurations already in the store without running them,
+records a trial that cannot be placed, fails, or hangs as infeasible with
+the reason, and stores every result.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray_saturn.errors import ProfileError
+from ray_saturn.profiler.ladder import LadderWalk
+from ray_saturn.profiler.store import ProfileStore, StoredTrial
+from ray_saturn.profiler.trials import RunningTrial, TrialSpec, launch
+from ray_saturn.spec import ClusterSpec
+
+__all__ = ["PoolOutcome", "TrialPool"]
+
+log = logging.getLogger(__name__)
+
+TrialKey = tuple[str, str, int, int]
+
+
+@dataclass
+class PoolOutcome:
+    """What the pool measured: every trial by (signature, strategy, gpus, nodes), and its cost."""
+
+    measured: dict[TrialKey, StoredTrial] = field(default_factory=dict)
+    cached: set[TrialKey] = field(default_factory=set)
+    cost_gpu_s: float = 0.0
+    trials_run: int = 0
+
+
+@dataclass
+class TrialPool:
+    """Runs ladder walks' trials concurrently; see the module docstring.
+
+    Example:
+        >>> pool = TrialPool(ProfileStore(None), {"warmup": 1, "steps": 2}, 60.0, 30.0, 0.05)
+        >>> pool.max_concurrent is None
+        True
+    """
+
+    store: ProfileStore
+    measure_kw: dict[str, Any]
+    trial_timeout_s: float
+    placement_timeout_s: float
+    min_improvement: float
+    max_concurrent: int | None = None
+
+    def run(self, chains: list[LadderWalk], cluster: ClusterSpec) -> PoolOutcome:
+        """Walk every ladder to its end on ``cluster``; returns what was measured."""
+        import ray
+
+        from ray_saturn.strategies.base import Infeasible
+
+        free = cluster.total_gpus
+        limit = self.max_concurrent or len(chains) or 1
+        waiting_pg: dict[Any, tuple[LadderWalk, RunningTrial]] = {}
+        running: dict[Any, tuple[LadderWalk, RunningTrial]] = {}
+        busy: set[int] = set()
+        out = PoolOutcome()
+        last_release = time.monotonic()
+
+        def finish(chain: LadderWalk, trial: RunningTrial, outcome, spent: float) -> None:
+            nonlocal free, last_release
+            trial.release()
+            last_release = time.monotonic()
+            free += trial.spec.gpus
+            busy.discard(id(chain))
+            out.cost_gpu_s += spent
+            stored = _stored(trial.spec, outcome, spent)
+            self.store.put(stored)
+            out.measured[stored.key] = stored
+            chain.advance(stored, self.min_improvement)
+
+        def fail(chain: LadderWalk, trial: RunningTrial, reason: str) -> None:
+            finish(chain, trial, Infeasible(trial.spec.strategy, trial.spec.gpus, reason), trial.gpu_seconds())
+
+        while True:
+            # launch what fits (cached configurations are taken from the store at once)
+            progressed = True
+            while progressed:
+                progressed = False
+                for chain in chains:
+                    if id(chain) in busy:
+                        continue
+                    nxt = chain.next()
+                    if nxt is None:
+                        continue
+                    g, n = nxt
+                    hit = self.store.get(chain.signature, chain.strategy, g, n)
+                    if hit is not None:
+                        out.measured[hit.key] = hit
+                        out.cached.add(hit.key)
+                        chain.advance(hit, self.min_improvement)
+                        progressed = True
+                        continue
+                    if g <= free and len(busy) < limit:
+                        spec = TrialSpec(
+                            chain.spec_task,
+                            chain.signature,
+                            chain.strategy,
+                            g,
+                            n,
+                            dict(self.measure_kw),
+                        )
+                        trial = launch(spec)
+                        waiting_pg[trial.ready_ref] = (chain, trial)
+                        busy.add(id(chain))
+                        free -= g
+                        out.trials_run += 1
+                        progressed = True
+            if not waiting_pg and not running:
+                if any(c.next() is not None for c in chains):
+                    raise ProfileError(
+                        f"a trial needs more GPUs than the cluster's {cluster.total_gpus}; "
+                        "check the ClusterSpec against the Ray cluster"
+                    )
+                return out
+            refs = list(waiting_pg) + list(running)
+            ready, _ = ray.wait(refs, num_returns=1, timeout=1.0)
+            now = time.monotonic()
+            for ref in ready:
+                if ref in waiting_pg:
+                    chain, trial = waiting_pg.pop(ref)
+                    try:
+                        trial.start(self.trial_timeout_s)
+                    except Exception as exc:
+                        fail(chain, trial, f"workers failed to start: {exc}")
+                        continue
+                    running[trial.result_ref] = (chain, trial)
+                else:
+                    chain, trial = running.pop(ref)
+                    try:
+                        outcome = ray.get(ref)
+                    except Exception as exc:
+                        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+                        fail(chain, trial, f"trial worker died: {first}")
+                        continue
+                    finish(chain, trial, outcome, trial.gpu_seconds())
+            for ref, (chain, trial) in list(waiting_pg.items()):
+                # our own running trials may hold the bundles it waits for: only time it out when
+                # none runs and none finished within the timeout (then the cluster cannot place it)
+                waited = now - max(trial.created_s, last_release)
+                if not running and waited > self.placement_timeout_s:
+                    waiting_pg.pop(ref)
+                    fail(
+                        chain,
+                        trial,
+                        f"no placement for {trial.spec.gpus} GPU(s) on {trial.spec.nodes} node(s) "
+                        f"within {self.placement_timeout_s:g} s",
+                    )
+            for ref, (chain, trial) in list(running.items()):
+                if trial.started_s is not None and now - trial.started_s > self.trial_timeout_s:
+                    running.pop(ref)
+                    log.warning(
+                        "trial %s %s on %d GPU(s) hung; killed after %g s",
+                        trial.spec.task.name,
+                        trial.spec.strategy,
+                        trial.spec.gpus,
+                        self.trial_timeout_s,
+                    )
+                    fail(chain, trial, f"hung: no result within {self.trial_timeout_s:g} s; killed")
+
+
+def _stored(spec: TrialSpec, outcome, spent: float) -> StoredTrial:
+    if outcome.feasible:
+        return StoredTrial(
+            spec.signature,
+            spec.strategy,
+            spec.gpus,
+            spec.nodes,
+            outcome.step_time_s,
+            True,
+            outcome.peak_mem_gb,
+            None,
+            json.dumps(dict(outcome.knobs), sort_keys=True),
+            spent,
+        )
+    return StoredTrial(
+        spec.signature,
+        spec.strategy,
+        spec.gpus,
+        spec.nodes,
+        None,
+        False,
+        None,
+        outcome.reason,
+        "{}",
+        spent,
+    )

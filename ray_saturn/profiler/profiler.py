@@ -1,0 +1,300 @@
+"""The profiler: measure every (task, strategy, GPU count) on the real cluster.
+
+Each trial runs as Ray work on a placement group sized to it, several at
+once when the cluster has room. A trial searches its strategy's knobs
+(warm-up steps excluded, median step time, peak memory per GPU; see
+:mod:`ray_saturn.strategies.measure`); an error or out-of-memory makes the
+configuration infeasible with the reason, and a trial that does not answer
+within ``trial_timeout_s`` is killed and recorded infeasible. For each task
+and strategy the GPU counts grow 1, 2, 4, ... up to a whole node and then
+whole nodes, and stop growing once the step time stops improving by
+``min_improvement``. Results are cached in a Parquet store keyed by the
+task's performance signature, so tasks that differ only in learning rate or
+seed are measured once. The profiler reports its own cost in GPU-seconds
+next to the workload's estimated GPU-seconds (each task's cheapest feasible
+configuration, steps x step time x GPUs).
+
+The table carries, besides contract 1's columns, ``reason`` (why a row is
+infeasible), ``knobs`` (JSON, for :func:`ray_saturn.strategies.train_worker`),
+``signature``, ``cached`` and ``cost_gpu_s``.
+
+Example:
+    >>> import ray, ray_saturn
+    >>> from ray_saturn.toy import mlp_task
+    >>> _ = ray.init(num_gpus=2, num_cpus=2, include_dashboard=False)  # doctest: +SKIP
+    >>> tasks = [mlp_task("a", lr=0.1)]
+    >>> table = ray_saturn.profile(tasks, strategies=["single", "ddp"])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray_saturn.errors import ProfileError, SaturnError, SpecError
+from ray_saturn.profile_table import ProfileTable
+from ray_saturn.profiler.ladder import LadderWalk, gpu_ladder
+from ray_saturn.profiler.pool import TrialPool
+from ray_saturn.profiler.store import ProfileStore
+from ray_saturn.spec import ClusterSpec, Task, check_unique_names
+from ray_saturn.strategies.registry import get_strategy, strategy_names
+
+__all__ = ["ProfileResult", "Profiler", "knobs_for", "profile"]
+
+log = logging.getLogger(__name__)
+
+
+def knobs_for(table: ProfileTable, task: str, strategy: str, gpus: int, nodes: int = 1) -> dict[str, Any]:
+    """The knob settings the profiler chose for a configuration (``{}`` if the table has none).
+
+    Example:
+        >>> t = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 2,
+        ...     "step_time_s": 1.0, "steps": 5, "knobs": '{"bucket_cap_mb": 50}'}])
+        >>> knobs_for(t, "a", "ddp", 2)
+        {'bucket_cap_mb': 50}
+    """
+    arrow = table.to_arrow()
+    if "knobs" not in arrow.column_names:
+        return {}
+    cols = arrow.select(["task", "strategy", "gpus", "nodes", "knobs"]).to_pylist()
+    for row in cols:
+        if (row["task"], row["strategy"], row["gpus"], row["nodes"]) == (
+            task,
+            strategy,
+            gpus,
+            nodes,
+        ):
+            return json.loads(row["knobs"]) if row["knobs"] else {}
+    raise ProfileError(f"no row for task {task!r} strategy {strategy!r} with {gpus} GPU(s) on {nodes} node(s)")
+
+
+@dataclass
+class ProfileResult:
+    """The table and what profiling cost."""
+
+    table: ProfileTable
+    cost_gpu_s: float
+    workload_gpu_s: float
+    trials_run: int
+    trials_cached: int
+    wall_s: float
+    infeasible: list[tuple[str, str, int, str]] = field(default_factory=list)
+
+    @property
+    def cost_ratio(self) -> float:
+        """Profiling GPU-seconds over the workload's estimated GPU-seconds."""
+        return self.cost_gpu_s / self.workload_gpu_s if self.workload_gpu_s > 0 else math.inf
+
+    def summary(self) -> str:
+        return (
+            f"profiled {self.trials_run} trial(s) ({self.trials_cached} from the store) "
+            f"in {self.wall_s:.1f} s: {self.cost_gpu_s:.1f} GPU-s, "
+            f"{100 * self.cost_ratio:.2f}% of the workload's estimated "
+            f"{self.workload_gpu_s:.1f} GPU-s"
+        )
+
+
+class Profiler:
+    """Runs the trials (see the module docstring); use :func:`profile` for the one-call form.
+
+    Example:
+        >>> p = Profiler(ClusterSpec.uniform(1, 2), strategies=["single"], trial_timeout_s=60)
+        >>> p.min_improvement
+        0.05
+    """
+
+    def __init__(
+        self,
+        cluster: ClusterSpec | None = None,
+        *,
+        strategies: Sequence[str] | None = None,
+        store: str | None = None,
+        warmup: int = 2,
+        steps: int = 5,
+        trial_timeout_s: float = 600.0,
+        placement_timeout_s: float = 120.0,
+        min_improvement: float = 0.05,
+        memory_limit_gb: float | None = None,
+        max_concurrent: int | None = None,
+    ) -> None:
+        if warmup < 0 or steps < 1:
+            raise SpecError(f"warmup={warmup}, steps={steps}: give warmup >= 0 and steps >= 1")
+        if trial_timeout_s <= 0 or placement_timeout_s <= 0:
+            raise SpecError("trial_timeout_s and placement_timeout_s must be positive seconds")
+        if not 0 <= min_improvement < 1:
+            raise SpecError(f"min_improvement is {min_improvement}; give a fraction in [0, 1), e.g. 0.05")
+        self.cluster = cluster
+        self.strategies = list(strategies) if strategies is not None else None
+        if self.strategies is not None:
+            for s in self.strategies:
+                get_strategy(s)
+        self.store = ProfileStore(store)
+        self.measure_kw = {
+            "warmup": int(warmup),
+            "steps": int(steps),
+            "memory_limit_gb": memory_limit_gb,
+        }
+        self.trial_timeout_s = float(trial_timeout_s)
+        self.placement_timeout_s = float(placement_timeout_s)
+        self.min_improvement = float(min_improvement)
+        self.max_concurrent = max_concurrent
+
+    # ------------------------------------------------------------------ planning
+    def _hardware(self) -> str:
+        import ray
+
+        kinds = sorted(k for k in ray.cluster_resources() if k.startswith("accelerator_type:"))
+        return ",".join(kinds) or "no-accelerator-type"
+
+    def _strategies_for(self, task: Task) -> list[str]:
+        names = list(task.strategies) if task.strategies else (self.strategies or strategy_names())
+        for n in names:
+            get_strategy(n)
+        if self.strategies is not None and task.strategies:
+            names = [n for n in names if n in self.strategies]
+        return names
+
+    def run(self, tasks: Iterable[Task]) -> ProfileResult:
+        """Profile ``tasks`` on the connected Ray cluster; returns the table and the cost."""
+        import ray
+
+        from ray_saturn.profiler.signature import performance_signature
+
+        if not ray.is_initialized():
+            raise SaturnError(
+                "Ray is not initialised; call ray.init() first (on a laptop: "
+                "ray.init(num_gpus=N, include_dashboard=False) gives N logical GPUs)"
+            )
+        tasks = check_unique_names(tasks)
+        cluster = self.cluster or ClusterSpec.from_ray()
+        t0 = time.monotonic()
+        hardware = self._hardware()
+        settings = {k: v for k, v in self.measure_kw.items()}
+        sigs: dict[str, str] = {}
+        chains: dict[tuple[str, str], LadderWalk] = {}
+        ladder = gpu_ladder(cluster)
+        for task in tasks:
+            sig = performance_signature(task, hardware=hardware, settings=settings)
+            sigs[task.name] = sig
+            for strat_name in self._strategies_for(task):
+                if (sig, strat_name) in chains:
+                    continue
+                strat = get_strategy(strat_name)
+                why = {(g, n): strat.applies(task, g) for g, n in ladder}
+                steps = [gn for gn, reason in why.items() if reason is None]
+                if steps:
+                    chains[(sig, strat_name)] = LadderWalk(task, sig, strat_name, steps)
+                else:
+                    first = next((r for r in why.values() if r), "no GPU count fits")
+                    log.warning("%s does not apply to %s on any GPU count here: %s", strat_name, task.name, first)
+        pool = TrialPool(
+            self.store,
+            dict(self.measure_kw),
+            self.trial_timeout_s,
+            self.placement_timeout_s,
+            self.min_improvement,
+            self.max_concurrent,
+        )
+        outcome = pool.run(list(chains.values()), cluster)
+        self.store.flush()
+        table = self._table(tasks, sigs, outcome.measured, outcome.cached)
+        result = ProfileResult(
+            table,
+            outcome.cost_gpu_s,
+            _workload_gpu_s(table),
+            outcome.trials_run,
+            len(outcome.cached),
+            time.monotonic() - t0,
+            [(c.task, c.strategy, c.gpus, c.reason or "") for c in table if not c.feasible],
+        )
+        log.info("%s", result.summary())
+        return result
+
+    # ------------------------------------------------------------------ output
+    def _table(self, tasks, sigs, measured, cached_keys) -> ProfileTable:
+        rows: list[dict[str, Any]] = []
+        for task in tasks:
+            sig = sigs[task.name]
+            found = sorted((t for k, t in measured.items() if k[0] == sig), key=lambda t: (t.strategy, t.gpus))
+            for t in found:
+                rows.append(
+                    {
+                        "task": task.name,
+                        "strategy": t.strategy,
+                        "gpus": t.gpus,
+                        "nodes": t.nodes,
+                        "step_time_s": t.step_time_s if t.feasible else None,
+                        "steps": task.total_steps,
+                        "feasible": t.feasible,
+                        "peak_mem_gb": t.peak_mem_gb,
+                        "reason": t.reason,
+                        "knobs": t.knobs,
+                        "signature": sig,
+                        "cached": t.key in cached_keys,
+                        "cost_gpu_s": t.cost_gpu_s,
+                    }
+                )
+            if not found:
+                names = ", ".join(self._strategies_for(task))
+                rows.append(
+                    {
+                        "task": task.name,
+                        "strategy": self._strategies_for(task)[0],
+                        "gpus": 1,
+                        "nodes": 1,
+                        "step_time_s": None,
+                        "steps": task.total_steps,
+                        "feasible": False,
+                        "peak_mem_gb": None,
+                        "reason": f"none of the strategies ({names}) applies on this cluster",
+                        "knobs": "{}",
+                        "signature": sig,
+                        "cached": False,
+                        "cost_gpu_s": 0.0,
+                    }
+                )
+        return ProfileTable.from_rows(rows, source="profiler")
+
+
+def _workload_gpu_s(table: ProfileTable) -> float:
+    total = 0.0
+    for task in table.tasks:
+        costs = [c.runtime_s * c.gpus for c in table.configs(task, feasible_only=True)]
+        if costs:
+            total += min(costs)
+    return total
+
+
+def profile(
+    tasks: Iterable[Task],
+    cluster: ClusterSpec | None = None,
+    *,
+    output: str | None = None,
+    **options: Any,
+) -> ProfileTable:
+    """Measure ``tasks`` on the connected Ray cluster and return the profile table.
+
+    ``cluster`` defaults to :meth:`ClusterSpec.from_ray`; ``options`` go to
+    :class:`Profiler` (``strategies``, ``store`` (Parquet cache path),
+    ``warmup``, ``steps``, ``trial_timeout_s``, ``min_improvement``,
+    ``memory_limit_gb``, ...). ``output`` also writes the table (.csv or
+    .parquet). The cost is logged; use ``Profiler(...).run(tasks)`` to get it.
+
+    Example:
+        >>> import ray_saturn
+        >>> from ray_saturn.errors import SaturnError
+        >>> try:
+        ...     ray_saturn.profile([], ray_saturn.ClusterSpec.uniform(1, 1))
+        ... except SaturnError as exc:
+        ...     print(str(exc)[:26])
+        Ray is not initialised; ca
+    """
+    result = Profiler(cluster, **options).run(tasks)
+    if output:
+        result.table.write(output)
+    return result.table
