@@ -90,10 +90,12 @@ def _check(strategy: str, args) -> list[str]:
 def _worker(rank: int, world: int, port: int, args, strategies) -> None:
     import torch.distributed as dist
 
+    from ray_saturn.strategies.device import use_rank_device
+
     os.environ["LOCAL_RANK"] = str(rank)
-    torch.cuda.set_device(rank)
+    rd = use_rank_device(rank)
     dist.init_process_group(
-        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        rd.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
     try:
         for s in strategies:

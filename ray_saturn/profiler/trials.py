@@ -54,17 +54,18 @@ class _TrialWorker:
     ) -> SearchResult | Infeasible:
         from datetime import timedelta
 
-        import torch
         import torch.distributed as dist
 
         from ray_saturn.strategies import WorkerContext, get_strategy
+        from ray_saturn.strategies.device import use_rank_device
         from ray_saturn.strategies.measure import _describe
 
+        # one GPU per actor: CUDA_VISIBLE_DEVICES is its own GPU, so its local index is 0
         os.environ.setdefault("LOCAL_RANK", "0")
+        rd = use_rank_device()
         if world > 1:
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
             dist.init_process_group(
-                backend,
+                rd.backend,
                 init_method=f"tcp://{addr}:{port}",
                 rank=rank,
                 world_size=world,

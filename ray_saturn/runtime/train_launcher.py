@@ -10,8 +10,9 @@ reservation over (see :mod:`ray_saturn.runtime.pg_manager`), builds
   same name resumes it (Ray Train's own state lives in ``tasks/<task>/``);
   ``FailureConfig(max_failures=0)``: retries are the driver's decision (a
   failed segment is re-planned and relaunched from its last checkpoint);
-- ``TorchConfig(backend="gloo")`` unless the GPUs are real CUDA devices
-  (probed once on the cluster), and
+- ``TorchConfig(backend=...)`` from
+  :func:`ray_saturn.strategies.device.distributed_backend` on one of the
+  task's GPUs (probed once on the cluster: ``nccl`` on CUDA, else ``gloo``), and
 
 runs ``trainer.fit()`` in a thread of the driver process. Every worker runs
 :func:`ray_saturn.strategies.train_worker` with the task's strategy, the
@@ -122,14 +123,14 @@ class TrainLauncher(Launcher):
             import ray
 
             @ray.remote(num_gpus=1, num_cpus=0)
-            def _has_cuda() -> bool:
-                import torch
+            def _backend() -> str:
+                from ray_saturn.strategies.device import distributed_backend
 
-                return bool(torch.cuda.is_available())
+                return distributed_backend()
 
             # Probe on one of the task's own GPUs (inside its hold): every other GPU may be held.
-            probe = _has_cuda.options(scheduling_strategy=self.manager.bundle_strategy(task, 0))
-            self._backend = "nccl" if ray.get(probe.remote()) else "gloo"
+            probe = _backend.options(scheduling_strategy=self.manager.bundle_strategy(task, 0))
+            self._backend = ray.get(probe.remote())
             logger.info("torch.distributed backend: %s", self._backend)
         return self._backend
 

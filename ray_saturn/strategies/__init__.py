@@ -32,7 +32,9 @@ These signatures are stable::
 
 Every worker builds the model after ``torch.manual_seed(hparams.get("seed", 0))``,
 reads the same global batches (see :mod:`ray_saturn.strategies.batching`)
-and picks its device from ``torch.cuda.is_available()``.
+and picks its device and backend with :func:`rank_device` (``cuda:<local
+index>`` and NCCL when CUDA is available, else the CPU and gloo; see
+:mod:`ray_saturn.strategies.device`).
 
 Example:
     >>> from ray_saturn.strategies import strategy_names
@@ -51,6 +53,10 @@ _EXPORTS = {
     "StrategyError": "ray_saturn.strategies.base",
     "Trial": "ray_saturn.strategies.base",
     "WorkerContext": "ray_saturn.strategies.base",
+    "DeviceError": "ray_saturn.strategies.device",
+    "RankDevice": "ray_saturn.strategies.device",
+    "rank_device": "ray_saturn.strategies.device",
+    "use_rank_device": "ray_saturn.strategies.device",
     "ENTRY_POINT_GROUP": "ray_saturn.strategies.registry",
     "get_strategy": "ray_saturn.strategies.registry",
     "register": "ray_saturn.strategies.registry",

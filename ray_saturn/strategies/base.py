@@ -22,7 +22,6 @@ Example:
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,7 +59,8 @@ class WorkerContext:
     """Where this worker sits: its rank, the world size and its torch device.
 
     Read it with :meth:`current` inside a worker; the device comes from
-    ``torch.cuda.is_available()``, never from the Ray GPU assignment alone.
+    :func:`ray_saturn.strategies.device.use_rank_device` (``torch.cuda.is_available()``
+    and the worker's local index, never the Ray GPU assignment alone).
     """
 
     rank: int
@@ -75,32 +75,13 @@ class WorkerContext:
     def current(cls) -> WorkerContext:
         import torch.distributed as dist
 
+        from ray_saturn.strategies.device import use_rank_device
+
         if dist.is_available() and dist.is_initialized():
             rank, world = dist.get_rank(), dist.get_world_size()
         else:
             rank, world = 0, 1
-        return cls(rank, world, pick_device())
-
-
-def pick_device() -> torch.device:
-    """``cuda:<local rank>`` when CUDA is available, else ``cpu``."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    try:  # inside Ray Train, it knows which of the visible devices is ours
-        from ray.train.torch import get_device
-
-        dev = get_device()
-        if isinstance(dev, torch.device) and dev.type == "cuda":
-            torch.cuda.set_device(dev)
-            return dev
-    except Exception:
-        pass
-    dev = torch.device("cuda", local % torch.cuda.device_count())
-    torch.cuda.set_device(dev)
-    return dev
+        return cls(rank, world, use_rank_device().device)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from ray_saturn.strategies.base import Infeasible, SearchResult, Trial, WorkerContext
 from ray_saturn.strategies.batching import DataStream
+from ray_saturn.strategies.device import synchronize
 from ray_saturn.strategies.introspect import build_model
 
 if TYPE_CHECKING:
@@ -90,17 +91,10 @@ class _RssSampler:
         return max(0, self.peak - self.base) / 1e9
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _reduce_max(value: float, ctx: WorkerContext) -> float:
     if not ctx.distributed:
         return value
-    t = torch.tensor([value], dtype=torch.float64)
-    if dist.get_backend() == "nccl":
-        t = t.to(ctx.device)
+    t = torch.tensor([value], dtype=torch.float64, device=ctx.device)  # NCCL needs it on the GPU
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
 
@@ -129,10 +123,10 @@ def measure_knobs(
         stream = DataStream(task.data, task.hparams)
         for i in range(warmup + steps):
             batch = next(stream)
-            _sync(ctx.device)
+            synchronize(ctx.device)
             t0 = time.perf_counter()
             runner.step(batch)
-            _sync(ctx.device)
+            synchronize(ctx.device)
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
     finally:

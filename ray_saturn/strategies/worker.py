@@ -8,13 +8,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from ray_saturn.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from ray_saturn.errors import SpecError
 from ray_saturn.spec import Task
 from ray_saturn.strategies.base import StrategyError, WorkerContext
 from ray_saturn.strategies.batching import DataStream
+from ray_saturn.strategies.device import synchronize
 from ray_saturn.strategies.introspect import build_model
 from ray_saturn.strategies.registry import get_strategy
 
@@ -42,11 +41,6 @@ class TrainOutcome:
     mean_step_time_s: float | None
     strategy: str
     world_size: int
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def train_worker(
@@ -110,10 +104,10 @@ def train_worker(
         times: list[float] = []
         for step in range(start, target_step):
             batch = next(stream)
-            _sync(ctx.device)
+            synchronize(ctx.device)
             t0 = time.perf_counter()
             loss = runner.step(batch)
-            _sync(ctx.device)
+            synchronize(ctx.device)
             dt = time.perf_counter() - t0
             times.append(dt)
             done = step + 1
