@@ -14,6 +14,8 @@ from ray_saturn.control import (
     PlannedTask,
     ReplanView,
     StaticReplan,
+    TaskArrived,
+    TaskFailed,
     TaskFinished,
     TaskOffEstimate,
     TaskProgress,
@@ -219,3 +221,24 @@ def test_controller_raises_gpus_idle_once_per_idle_stretch(policy):
     assert len([e for e in ctl.log if e.get("kind") == "gpus_idle"]) == 1
     assert ctl.handle(TaskFinished(time_s=930.0, task="long")) == [] and ctl.done
     assert len([e for e in ctl.log if e.get("kind") == "gpus_idle"]) == 1
+
+
+def test_move_waits_for_no_one_and_online_tasks_join_the_run():
+    here = Placement("ddp", 2, ("n0",))
+    # The plan would stop "a" now and restart it on 4 GPUs 30 s later (they are busy): not a move.
+    later = _plan(60.0, Assignment("a", "ddp", 4, ("n1",), 30.0, 90.0, setup_s=10.0))
+    (d,) = decide_moves({"a": here}, later, keep_makespan_s=200.0, restart_s=10.0)
+    assert not d.move and "not free now" in d.reason
+    # Tasks added after the start (e.g. Tune trials) arrive, run, and a final failure is not retried.
+    prof = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 10}])
+    ctl = Controller(prof, ClusterSpec.uniform(1, 2), "saturn-replan", restart_s=1.0, solver_time_limit_s=1)
+    assert [a.task for a in ctl.start(0.0)] == ["a"]
+    ctl.add_tasks(ProfileTable.from_rows([{"task": "b", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 5}]))
+    with pytest.raises(SaturnError, match="already in this run"):
+        ctl.add_tasks(prof)
+    assert [a.task for a in ctl.handle(TaskArrived(time_s=1.0, task="b"))] == ["b"]
+    assert ctl.handle(TaskFailed(time_s=2.0, task="b", reason="gave up", final=True)) == []
+    assert ctl.state("b").state is TaskState.FAILED and ctl.state("b").reason == "gave up"
+    n = len(ctl.replans)
+    ctl.request_replan(3.0, "a better plan is ready")
+    assert len(ctl.replans) == n + 1 and ctl.replans[-1].reasons == ["a better plan is ready"]

@@ -238,6 +238,35 @@ class Controller:
             raise SaturnError(f"restart cost is {restart_s} s; give a finite number >= 0")
         self.restart_s = float(restart_s)
 
+    def add_tasks(self, profile: ProfileTable) -> None:
+        """Add tasks whose rows were not known when the controller was made.
+
+        For online arrivals whose profile rows exist only once they arrive (a
+        Ray Tune trial's rows come from its config). The new tasks are PENDING
+        until a :class:`TaskArrived` for each is handled.
+
+        Example:
+            >>> ctl = Controller(ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 1,
+            ...                  "step_time_s": 1.0, "steps": 5}]), ClusterSpec.uniform(1, 1), "saturn-static")
+            >>> ctl.add_tasks(ProfileTable.from_rows([{"task": "b", "strategy": "ddp", "gpus": 1,
+            ...                                        "step_time_s": 1.0, "steps": 3}]))
+            >>> ctl.state("b").total_steps, ctl.state("b").state.value
+            (3, 'pending')
+        """
+        clash = [t for t in profile.tasks if t in self.tasks]
+        if clash:
+            raise SaturnError(f"task(s) {', '.join(clash[:5])} are already in this run; give new tasks new names")
+        profile.check_feasible()
+        self.profile = self.profile.with_rows(profile)
+        for t in profile.tasks:
+            self.tasks[t] = TaskProgress(t, max(c.steps for c in profile.configs(t)))
+
+    def request_replan(self, now_s: float, reason: str) -> list[Action]:
+        """Re-plan at ``now_s`` for a reason only the caller knows, e.g. a better plan
+        finished in the background; the minimum gap between re-plans still applies."""
+        self._pending.append(reason)
+        return self.handle(Tick(time_s=now_s))
+
     def report_progress(
         self, task: str, steps_done: int, now_s: float, step_time_s: float | None = None
     ) -> list[Action]:
@@ -361,7 +390,7 @@ class Controller:
             self._interrupt(p, ev.time_s, ev.steps_done)
             p.failures += 1
             p.reason = ev.reason
-            if p.failures > self.max_failures:
+            if p.failures > self.max_failures or ev.final:
                 p.state = TaskState.FAILED
                 self.planned.pop(ev.task, None)
                 logger.warning("task %s failed %d times; giving up: %s", ev.task, p.failures, ev.reason)

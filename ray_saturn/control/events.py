@@ -79,11 +79,14 @@ class TaskOffEstimate(Event):
 @dataclass(frozen=True, kw_only=True)
 class TaskFailed(Event):
     """``task`` stopped with an error. ``steps_done`` is the progress it keeps
-    (its last checkpoint); ``None`` keeps the last reported progress."""
+    (its last checkpoint); ``None`` keeps the last reported progress.
+    ``final``: the caller will not run it again (e.g. Ray Tune gave up on the
+    trial), so it is FAILED at once instead of re-queued."""
 
     task: str
     reason: str = ""
     steps_done: int | None = None
+    final: bool = False
     kind: ClassVar[str] = "task_failed"
 
 

@@ -30,6 +30,9 @@ from ray_saturn.plan import Plan
 
 __all__ = ["MoveDecision", "decide_moves"]
 
+#: A moved task whose planned restart is later than this (seconds) waits for its target's GPUs.
+_NOW_S = 1e-6
+
 
 @dataclass(frozen=True)
 class MoveDecision:
@@ -80,9 +83,13 @@ def decide_moves(
         return []
     gain = keep_makespan_s - move_plan.makespan_s
     cost = restart_s * len(moved)
-    accept = gain > cost
+    waiting = {t: move_plan.assignment(t).start_s for t in moved if move_plan.assignment(t).start_s > _NOW_S}
+    accept = gain > cost and not waiting
     if accept:
         reason = f"moving {len(moved)} task(s) gains {gain:.1f} s > restart cost {cost:.1f} s"
+    elif waiting:
+        t, start = min(waiting.items())
+        reason = f"the GPUs {t} would move to are not free now (it would restart {start:.1f} s later)"
     else:
         reason = f"moving {len(moved)} task(s) would gain {gain:.1f} s <= restart cost {cost:.1f} s"
     return [MoveDecision(t, accept, running[t], p, gain, restart_s, reason) for t, p in sorted(moved.items())]
