@@ -94,8 +94,15 @@ def test_impossible_tasks_name_the_task():
         solve(prof, ClusterSpec.uniform(2, 4))
     prof = ProfileTable.from_rows(
         [
-            {"task": "oom", "strategy": "ddp", "gpus": 1, "step_time_s": None, "steps": 1, "feasible": False,
-             "reason": "CUDA out of memory"},
+            {
+                "task": "oom",
+                "strategy": "ddp",
+                "gpus": 1,
+                "step_time_s": None,
+                "steps": 1,
+                "feasible": False,
+                "reason": "CUDA out of memory",
+            },
         ]
     )
     with pytest.raises(InfeasibleError, match=r"'oom' has no feasible configuration .*ddp on 1 GPU\(s\): CUDA out"):
@@ -139,6 +146,28 @@ def test_incumbent_hint_maps_configurations_nodes_and_order():
     assert problem.incumbent_hint()[2][0] is None
     plan = solve(prof, small, context=PlanningContext(incumbent=inc), time_limit_s=1)
     validate_plan(plan, prof, small)
+
+
+def test_incumbent_that_moves_a_running_task_is_replayed_as_a_move():
+    rows = [{"task": "a", "strategy": "ddp", "gpus": g, "step_time_s": 8.0 / g, "steps": 10} for g in (1, 2)]
+    rows.append({"task": "b", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 10})
+    prof = ProfileTable.from_rows(rows)
+    run = RunningTask("a", "ddp", 1, ("node-0",), restart_s=3.0)
+    moved = Incumbent(("a", "b"), {"a": ("ddp", 2, ("node-1",)), "b": ("ddp", 1, ("node-0",))})
+    problem = build_problem(prof, ClusterSpec.uniform(2, 2), PlanningContext(running=(run,), incumbent=moved))
+    choice, _, nodes_of = problem.incumbent_hint()
+    a = problem.tasks.index("a")
+    assert (problem.options[a][choice[a]].gpus, problem.options[a][choice[a]].setup_s) == (2, 3.0)
+    assert nodes_of[a] == (1,)
+    # Pinned (not movable), or an incumbent that keeps it where it runs: it stays.
+    kept = Incumbent(("a",), {"a": ("ddp", 1, ("node-0",))})
+    for ctx in (
+        PlanningContext(running=(RunningTask("a", "ddp", 1, ("node-0",), movable=False),), incumbent=moved),
+        PlanningContext(running=(run,), incumbent=kept),
+    ):
+        problem = build_problem(prof, ClusterSpec.uniform(2, 2), ctx)
+        choice, _, nodes_of = problem.incumbent_hint()
+        assert problem.options[a][choice[a]].pinned and nodes_of[a] == (0,)
 
 
 def _random_profile(rng: random.Random, tasks: int) -> ProfileTable:

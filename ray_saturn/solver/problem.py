@@ -21,7 +21,7 @@ task); :meth:`Problem.to_plan` is the one conversion to the public Plan.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,7 +119,9 @@ class Problem:
     def incumbent_hint(self) -> tuple[list[int], list[int], list[tuple[int, ...] | None]] | None:
         """The context's incumbent plan as (option, priority order, nodes) per task, or ``None``.
 
-        A running task keeps its pinned option; a task with its incumbent
+        A running task keeps its pinned option, unless the incumbent moves it
+        (another configuration or other nodes) and it may move there (an
+        option with that configuration, its set-up included); a task with its incumbent
         configuration among the options gets it on its incumbent nodes (when
         they are all still here and hold its GPUs), else the fastest option with the same node
         count and no more GPUs (the one that pruned it), else its fastest
@@ -137,8 +139,9 @@ class Problem:
             pinned = self.pinned_option(t)
             want = inc.placements.get(name)
             if pinned is not None:
-                choice.append(pinned)
-                nodes_of.append(opts[pinned].pinned_nodes)
+                moved = self._incumbent_move(t, want, node_index) if want is not None else None
+                choice.append(pinned if moved is None else moved[0])
+                nodes_of.append(opts[pinned].pinned_nodes if moved is None else moved[1])
                 continue
             fastest = min(range(len(opts)), key=lambda i: (opts[i].duration_s, i))
             if want is None:
@@ -166,6 +169,27 @@ class Problem:
             key=lambda t: (rank.get(self.tasks[t], len(rank)), float(self.release[t]), t),
         )
         return choice, order, nodes_of
+
+    def _incumbent_move(
+        self, t: int, want: tuple[str, int, tuple[str, ...]], node_index: Mapping[str, int]
+    ) -> tuple[int, tuple[int, ...]] | None:
+        """Running task t's movable option and nodes where the incumbent puts it, when that is a move."""
+        strategy, gpus, names = want
+        opts = self.options[t]
+        here = opts[self.pinned_option(t)]
+        nodes = tuple(sorted(node_index[n] for n in names if n in node_index))
+        if len(nodes) != len(names) or (
+            (here.config.strategy, here.gpus) == (strategy, gpus) and nodes == tuple(sorted(here.pinned_nodes))
+        ):
+            return None
+        for i, o in enumerate(opts):
+            if (
+                not o.pinned
+                and (o.config.strategy, o.gpus, o.k) == (strategy, gpus, len(names))
+                and all(self.node_gpus[n] >= o.per_node for n in nodes)
+            ):
+                return i, nodes
+        return None
 
     def durations(self, choice: list[int]) -> list[float]:
         return [self.options[t][o].duration_s for t, o in enumerate(choice)]
