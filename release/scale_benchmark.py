@@ -39,6 +39,7 @@ from pollux import build_profile  # noqa: E402
 from ray_saturn import ClusterSpec, validate_plan  # noqa: E402
 from ray_saturn.solver import build_problem, lower_bound, solve_problem  # noqa: E402
 from ray_saturn.solver.decompose import pop_schedule  # noqa: E402
+from ray_saturn.solver.policies.saturn import SaturnPolicy  # noqa: E402
 
 GPUS_PER_NODE = 8
 
@@ -76,7 +77,7 @@ def measure(tasks: int, nodes: int, time_limit_s: float, *, pop: bool = True, se
     }
     if pop:
         t2 = time.perf_counter()
-        res = pop_schedule(problem, bound, time_limit_s=time_limit_s, seed=seed)
+        res = pop_schedule(problem, bound, SaturnPolicy().solve_part, time_limit_s=time_limit_s, seed=seed)
         if res is not None:
             p2 = problem.to_plan(res.schedule, policy="pop", lower_bound_s=bound.value, solve_time_s=0.0)
             validate_plan(p2, profile, cluster)

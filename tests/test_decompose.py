@@ -1,4 +1,4 @@
-"""The scale path: POP-style decomposition and window improvement give valid plans."""
+"""The scale path: POP-style decomposition gives valid plans."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from simdata import moldable_profile
 from ray_saturn import ClusterSpec, ProfileTable, validate_plan
 from ray_saturn.solver import build_problem, lower_bound, solve
 from ray_saturn.solver import decompose as dec
-from ray_saturn.solver.heuristic import heuristic_schedule
 from ray_saturn.solver.policies import saturn as saturn_mod
+
+PART = saturn_mod.SaturnPolicy(deterministic=True).solve_part
 
 
 def _plan(problem, sched, bound):
@@ -21,13 +22,13 @@ def test_pop_schedule_is_valid_and_respects_the_groups(seed):
     profile, cluster = moldable_profile(40, 8, 4, seed=seed)
     problem = build_problem(profile, cluster)
     bound = lower_bound(problem)
-    res = dec.pop_schedule(problem, bound, parts=4, time_limit_s=0.8, seed=seed, deterministic=True)
+    res = dec.pop_schedule(problem, bound, PART, parts=4, time_limit_s=0.8, seed=seed, deterministic=True)
     assert res is not None and res.parts == 4 and len(res.part_makespans) == 4
     validate_plan(_plan(problem, res.schedule, bound), profile, cluster)
     assert res.schedule.makespan >= bound.value * (1 - 1e-9)
     assert res.schedule.makespan <= max(res.part_makespans) + 1e-6  # compaction never makes it worse
     # Deterministic mode counts work, not seconds (its wall-clock safety net is 10x the limit).
-    again = dec.pop_schedule(problem, bound, parts=4, time_limit_s=0.8, seed=seed, deterministic=True)
+    again = dec.pop_schedule(problem, bound, PART, parts=4, time_limit_s=0.8, seed=seed, deterministic=True)
     assert again.schedule.start == res.schedule.start and again.choice == res.choice
 
 
@@ -37,18 +38,7 @@ def test_pop_declines_what_it_cannot_split():
     rows += [{"task": f"t{i}", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 10} for i in range(1, 5)]
     problem = build_problem(ProfileTable.from_rows(rows), ClusterSpec.uniform(4, 2))
     assert dec.choose_parts(problem) == 1
-    assert dec.pop_schedule(problem, lower_bound(problem), parts=2, time_limit_s=1.0) is None
-
-
-def test_window_improvement_is_valid_and_never_worse():
-    profile, cluster = moldable_profile(40, 6, 4, seed=3)
-    problem = build_problem(profile, cluster)
-    bound = lower_bound(problem)
-    start = heuristic_schedule(problem, bound, time_limit_s=0.0).schedule
-    res = dec.window_improve(problem, start, time_limit_s=3.0, parts=3, deterministic=True)
-    assert res.windows >= 1 and res.solved >= 1
-    assert res.schedule.makespan <= start.makespan + 1e-6
-    validate_plan(_plan(problem, res.schedule, bound), profile, cluster)
+    assert dec.pop_schedule(problem, lower_bound(problem), PART, parts=2, time_limit_s=1.0) is None
 
 
 def test_saturn_uses_the_decomposition_when_the_exact_model_is_too_big(monkeypatch):

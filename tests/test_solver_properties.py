@@ -71,7 +71,10 @@ def test_every_policy_gives_a_valid_plan_above_the_bound(policy, inst):
 def test_saturn_is_no_worse_than_any_baseline(inst):
     profile, cluster, ctx = inst
     saturn = solve(profile, cluster, "saturn", context=ctx, time_limit_s=0.5)
-    for policy in ("fifo-whole-node", "fifo-min-gpus", "fifo-fastest", "optimus-greedy"):
+    from ray_saturn.solver.policies.saturn import SEED_BASELINES
+
+    assert set(SEED_BASELINES) == set(policy_names()) - {"saturn", "random"}
+    for policy in SEED_BASELINES:
         base = solve(profile, cluster, policy, context=ctx)
         assert saturn.makespan_s <= base.makespan_s * (1 + 1e-9) + 1e-6, policy
 

@@ -8,7 +8,7 @@ import sys
 from ray_saturn.errors import SpecError
 from ray_saturn.plan import Plan
 from ray_saturn.profile_table import ProfileTable
-from ray_saturn.solver import policy_names, solve
+from ray_saturn.solver import get_policy, policy_names, solve
 from ray_saturn.spec import ClusterSpec
 
 
@@ -63,9 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.deterministic:
         if policy != "saturn":
             raise SpecError("--deterministic applies to the saturn policy only (the baselines are deterministic)")
-        from ray_saturn.solver.policies.saturn import SaturnPolicy
-
-        policy = SaturnPolicy(deterministic=True)
+        policy = get_policy("saturn", deterministic=True)
     plan = solve(profile, cluster, policy, time_limit_s=args.time_limit, seed=args.seed)
     if args.output:
         with open(args.output, "w") as f:

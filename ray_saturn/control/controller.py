@@ -158,12 +158,9 @@ class Controller:
         self._solve = solve
         self._solver_policy = self.policy.solver_policy
         if deterministic:
-            from ray_saturn.solver import get_policy
+            from ray_saturn.solver import deterministic_policy
 
-            solver = get_policy(self.policy.solver_policy)
-            if hasattr(solver, "deterministic"):
-                solver.deterministic = True
-            self._solver_policy = solver
+            self._solver_policy = deterministic_policy(self.policy.solver_policy)
         self.nodes: dict[str, NodeSpec] = {n.name: n for n in cluster.nodes}
         self.tasks: dict[str, TaskProgress] = {}
         for t in profile.tasks:

@@ -23,7 +23,14 @@ from ray_saturn.context import PlanningContext
 from ray_saturn.plan import Plan, validate_plan
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.solver.bounds import LowerBound, lower_bound
-from ray_saturn.solver.policy import Policy, PolicyResult, get_policy, policy_names, register_policy
+from ray_saturn.solver.policy import (
+    Policy,
+    PolicyResult,
+    deterministic_policy,
+    get_policy,
+    policy_names,
+    register_policy,
+)
 from ray_saturn.solver.problem import Option, Problem, Schedule, build_problem
 from ray_saturn.spec import ClusterSpec
 
@@ -35,6 +42,7 @@ __all__ = [
     "Problem",
     "Schedule",
     "build_problem",
+    "deterministic_policy",
     "get_policy",
     "lower_bound",
     "policy_names",

@@ -16,8 +16,9 @@ exact model:
    mix): the largest task first, each to the group whose normalised load
    ``(work + area) / G_group`` is smallest. A running task goes to the group
    holding its nodes (if its nodes span groups, the problem is not split).
-3. Each sub-problem is solved by the ``saturn`` policy (heuristic, then the
-   exact model on it; both fit in the sub-problem's share of the time).
+3. Each sub-problem is solved by the solve function the caller hands in,
+   within the sub-problem's share of the time (the ``saturn`` policy hands
+   itself: heuristic, then the exact model on the part).
 4. The union of the sub-schedules is a valid schedule of the whole problem
    (groups share no node). It is then compacted on the whole cluster: the
    tasks' options are kept and they are list-scheduled (and serially
@@ -33,7 +34,10 @@ Example:
     >>> rows = [{"task": f"t{i}", "strategy": "ddp", "gpus": g, "step_time_s": 8.0 / g, "steps": 10}
     ...         for i in range(8) for g in (1, 2)]
     >>> problem = build_problem(ProfileTable.from_rows(rows), ClusterSpec.uniform(4, 2))
-    >>> result = pop_schedule(problem, lower_bound(problem), parts=2, time_limit_s=2.0)
+    >>> from ray_saturn.solver.heuristic import heuristic_schedule
+    >>> def solve_part(sub, time_limit_s, seed):
+    ...     return heuristic_schedule(sub, lower_bound(sub), time_limit_s=time_limit_s, seed=seed).schedule
+    >>> result = pop_schedule(problem, lower_bound(problem), solve_part, parts=2, time_limit_s=2.0)
     >>> result.schedule.makespan, result.parts
     (80.0, 2)
 """
@@ -48,11 +52,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ray_saturn.solver.bounds import LowerBound, lower_bound
+from ray_saturn.solver.bounds import LowerBound
 from ray_saturn.solver.listsched import list_schedule, serial_schedule
 from ray_saturn.solver.problem import Option, Problem, Schedule
 
-__all__ = ["DecomposeResult", "WindowResult", "choose_parts", "decomposed_start", "pop_schedule", "window_improve"]
+__all__ = ["DecomposeResult", "SolvePart", "choose_parts", "decomposed_start", "pop_schedule"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +69,9 @@ DECOMPOSE_MIN_NODES = 256
 DECOMPOSE_MIN_TASKS = 4 * TASKS_PER_PART
 #: Share of the saturn policy's time limit the decomposition may use.
 DECOMPOSE_SHARE = 0.3
+
+SolvePart = Callable[[Problem, float, int], Schedule]
+"""Solves one part: ``(sub_problem, time_limit_s, seed) -> Schedule`` of every task of the part."""
 
 
 @dataclass
@@ -171,6 +178,7 @@ def _assign(problem: Problem, bound: LowerBound, groups: list[list[int]]) -> lis
 def pop_schedule(
     problem: Problem,
     bound: LowerBound,
+    solve_part: SolvePart,
     *,
     parts: int | None = None,
     time_limit_s: float,
@@ -178,9 +186,12 @@ def pop_schedule(
     deterministic: bool = False,
     on_schedule: Callable[[Schedule], None] | None = None,
 ) -> DecomposeResult | None:
-    """Partition, solve the parts with ``saturn``, merge and compact (see the module docstring)."""
-    from ray_saturn.solver.policies.saturn import SaturnPolicy
+    """Partition, solve the parts with ``solve_part``, merge and compact (see the module docstring).
 
+    ``deterministic`` shares the time limit evenly between the parts (rather
+    than by the time left) and always compacts serially too, so the result
+    depends on the clock only through ``solve_part``.
+    """
     t0 = time.perf_counter()
     k = parts or choose_parts(problem)
     if k < 2 or problem.num_nodes < 2:
@@ -195,7 +206,6 @@ def pop_schedule(
     start = [0.0] * n
     nodes: list[tuple[int, ...]] = [()] * n
     part_spans = []
-    policy = SaturnPolicy(deterministic=deterministic)
     live = [(g, ts) for g, ts in zip(groups, assignment, strict=True) if ts]
     for i, (group, tasks) in enumerate(live):
         built = _sub_problem(problem, tasks, group)
@@ -207,8 +217,7 @@ def pop_schedule(
         else:
             left = time_limit_s - (time.perf_counter() - t0)
             share = max(0.05, 0.8 * left / (len(live) - i))
-        res = policy.solve(sub, lower_bound(sub), time_limit_s=share, seed=seed)
-        s = res.schedule
+        s = solve_part(sub, share, seed)
         part_spans.append(s.makespan)
         for j, t in enumerate(tasks):
             choice[t] = index[j][s.option[j]]
@@ -238,121 +247,10 @@ def pop_schedule(
     return DecomposeResult(best, choice, order, len(live), part_spans, how)
 
 
-@dataclass
-class WindowResult:
-    """The improved schedule and what each window's exact model did."""
-
-    schedule: Schedule
-    windows: int
-    improved: int
-    solved: int
-
-
-def window_improve(
-    problem: Problem,
-    incumbent: Schedule,
-    *,
-    time_limit_s: float,
-    parts: int | None = None,
-    seed: int = 0,
-    deterministic: bool = False,
-    on_schedule: Callable[[Schedule], None] | None = None,
-) -> WindowResult:
-    """Improve ``incumbent`` with the exact model on windows of nodes.
-
-    The nodes are cut into groups as in :func:`pop_schedule`; groups that a
-    task of the incumbent spans are merged, so each window's tasks use only
-    its nodes and no other task does. A window's tasks are then re-solved by
-    CP-SAT on the window alone (warm-started with their incumbent options and
-    order), latest-ending window first; a window's new schedule replaces the
-    old one when it ends earlier, which keeps the whole schedule valid.
-    """
-    from ray_saturn.solver.policies.saturn import MAX_INTERVALS, _cp_sat
-
-    t0 = time.perf_counter()
-    k = parts or choose_parts(problem)
-    groups = _node_groups(problem, max(1, k))
-    group_of = {n: g for g, ns in enumerate(groups) for n in ns}
-    parent = list(range(len(groups)))
-
-    def find(g: int) -> int:
-        while parent[g] != g:
-            parent[g] = parent[parent[g]]
-            g = parent[g]
-        return g
-
-    for t in range(problem.num_tasks):
-        gs = {find(group_of[n]) for n in incumbent.nodes[t]}
-        root = min(gs)
-        for g in gs:
-            parent[g] = root
-    windows: dict[int, list[int]] = {}
-    for g in range(len(groups)):
-        windows.setdefault(find(g), []).extend(groups[g])
-    tasks_of: dict[int, list[int]] = {w: [] for w in windows}
-    for t in range(problem.num_tasks):
-        tasks_of[find(group_of[incumbent.nodes[t][0]])].append(t)
-    sched = Schedule(list(incumbent.option), list(incumbent.start), list(incumbent.nodes), list(incumbent.durations))
-    ends = [s + d for s, d in zip(sched.start, sched.durations, strict=True)]
-    order_w = sorted(windows, key=lambda w: -max((ends[t] for t in tasks_of[w]), default=0.0))
-    improved = solved = 0
-    for w in order_w:
-        tasks, nodes = tasks_of[w], sorted(windows[w])
-        left = time_limit_s - (time.perf_counter() - t0)
-        if not tasks or left < 0.1:
-            continue
-        built = _sub_problem(problem, tasks, nodes)
-        if built is None:
-            continue
-        sub, index = built
-        if sum(len(o) for o in sub.options) * sub.num_nodes > MAX_INTERVALS:
-            continue
-        local_opt = []
-        for j, t in enumerate(tasks):
-            if sched.option[t] not in index[j]:
-                break
-            local_opt.append(index[j].index(sched.option[t]))
-        else:
-            span = max(ends[t] for t in tasks)
-            order = sorted(range(len(tasks)), key=lambda j: (sched.start[tasks[j]], j))
-            res = _cp_sat(
-                sub,
-                local_opt,
-                order,
-                span,
-                max(0.1, min(left, 0.5 * time_limit_s)),
-                seed,
-                lambda s: None,
-                deterministic,
-            )
-            solved += 1
-            if res is None or res[0] is None or res[0].makespan >= span - 1e-9:
-                continue
-            s = res[0]
-            for j, t in enumerate(tasks):
-                sched.option[t] = index[j][s.option[j]]
-                sched.start[t] = float(s.start[j])
-                sched.nodes[t] = tuple(nodes[x] for x in s.nodes[j])
-                sched.durations[t] = problem.options[t][sched.option[t]].duration_s
-                ends[t] = sched.start[t] + sched.durations[t]
-            improved += 1
-            if on_schedule is not None:
-                on_schedule(sched)
-    logger.info(
-        "window improvement: %d windows, %d solved, %d improved: %.0f -> %.0f s in %.1f s",
-        len(windows),
-        solved,
-        improved,
-        incumbent.makespan,
-        sched.makespan,
-        time.perf_counter() - t0,
-    )
-    return WindowResult(sched, len(windows), improved, solved)
-
-
 def decomposed_start(
     problem: Problem,
     bound: LowerBound,
+    solve_part: SolvePart,
     *,
     time_limit_s: float,
     seed: int = 0,
@@ -370,6 +268,7 @@ def decomposed_start(
     res = pop_schedule(
         problem,
         bound,
+        solve_part,
         time_limit_s=DECOMPOSE_SHARE * time_limit_s,
         seed=seed,
         deterministic=deterministic,

@@ -27,7 +27,7 @@ from typing import NamedTuple
 from ray_saturn.errors import InfeasibleError
 from ray_saturn.solver.problem import Option, Problem, Schedule
 
-__all__ = ["list_schedule", "pick_nodes", "replay_schedule", "serial_schedule"]
+__all__ = ["list_schedule", "pick_nodes", "replay_schedule", "serial_schedule", "whole_node_schedule"]
 
 _EPS = 1e-9
 
@@ -184,6 +184,41 @@ def replay_schedule(
             raise InfeasibleError(f"task(s) {stuck} can never start on their planned nodes")
         now = max(now, nxt)
         _free_finished(events, free, now)
+    return Schedule(list(choice), start, nodes, dur)
+
+
+def whole_node_schedule(problem: Problem, choice: Sequence[int], order: Sequence[int]) -> Schedule:
+    """First come, first served on whole nodes: each task, in ``order``, holds every GPU of its nodes.
+
+    A task starts when it is released, no earlier than the task before it, on
+    the ``k`` wholly free nodes with the fewest GPUs that hold its GPUs per
+    node; it keeps all their GPUs until it ends, whatever it uses. Running
+    tasks kept in place start at 0 on their nodes (a node is whole again once
+    they end).
+    """
+    dur, opts, free, events, start, nodes, seq = _begin(problem, choice, order, None)
+    caps = [int(c) for c in problem.node_gpus]
+    now = 0.0
+    for t in order:
+        opt = opts[t]
+        if opt.pinned_nodes is not None:
+            continue
+        now = max(now, float(problem.release[t]))
+        while True:
+            _free_finished(events, free, now)
+            whole = [f if f == caps[i] else 0 for i, f in enumerate(free)]
+            sel = pick_nodes(whole, opt.per_node, opt.k)
+            if sel is not None:
+                break
+            if not events:
+                raise InfeasibleError(f"task {problem.tasks[t]} can never start: no {opt.k} whole node(s) hold it")
+            now = max(now, events[0][0])
+        start[t] = now
+        nodes[t] = sel
+        for i in sel:
+            free[i] = 0
+            heapq.heappush(events, (now + dur[t], seq, (i,), caps[i]))
+            seq += 1
     return Schedule(list(choice), start, nodes, dur)
 
 
