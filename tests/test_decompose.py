@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from simdata import moldable_profile
+from helpers import moldable_profile
 
 from ray_saturn import ClusterSpec, ProfileTable, validate_plan
 from ray_saturn.solver import build_problem, lower_bound, solve

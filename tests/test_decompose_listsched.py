@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from simdata import moldable_profile
+from helpers import moldable_profile
 
 from ray_saturn.solver import build_problem, listsched
 from ray_saturn.solver.listsched import serial_schedule

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from helpers import instances
 from hypothesis import given, settings
-from test_solver_properties import instances
 
 from ray_saturn import ClusterSpec, ProfileTable, validate_plan
 from ray_saturn.errors import SaturnError

@@ -6,7 +6,7 @@ import json
 from collections import defaultdict
 
 import pytest
-from simdata import moldable_profile
+from helpers import moldable_profile
 
 from ray_saturn import ClusterSpec, ProfileTable, SaturnError, validate_plan
 from ray_saturn.sim import (

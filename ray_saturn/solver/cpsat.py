@@ -77,11 +77,19 @@ SAFETY_FACTOR = 50
 
 @dataclass
 class CpSatResult:
-    """The best schedule CP-SAT found, the lower bound it proved (seconds) and whether it is optimal."""
+    """The best schedule CP-SAT found, the lower bound it proved (seconds) and whether it is optimal.
+
+    ``unit_s`` is the model's time unit; ``rounded`` says whether some time
+    was rounded up to it (then ``proven_bound_s`` carries the ``(n + 1) u``
+    adjustment of the module docstring, and ``optimal`` is False: the
+    schedule is optimal for the rounded times only).
+    """
 
     schedule: Schedule
     proven_bound_s: float
     optimal: bool
+    unit_s: float = 1.0
+    rounded: bool = False
 
 
 def time_unit(problem: Problem, horizon_s: float, resolution: int = RESOLUTION) -> tuple[float, bool]:
@@ -223,4 +231,4 @@ def solve_cpsat(
     lb_units = solver.BestObjectiveBound()
     proven = lb_units * unit if exact else (lb_units - problem.num_tasks - 1) * unit
     optimal = status == cp_model.OPTIMAL and exact
-    return CpSatResult(sched, max(0.0, proven), optimal)
+    return CpSatResult(sched, max(0.0, proven), optimal, unit, not exact)
