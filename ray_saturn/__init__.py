@@ -19,7 +19,8 @@ from ray_saturn.plan import Assignment, Plan, validate_plan
 from ray_saturn.profile_table import Config, ProfileTable
 from ray_saturn.profiler import profile
 from ray_saturn.runtime.api import emulate, resume, run, run_status
-from ray_saturn.runtime.driver import DriverConfig, DriverResult
+from ray_saturn.runtime.config import DriverConfig
+from ray_saturn.runtime.records import DriverResult
 from ray_saturn.solver import policy_names
 from ray_saturn.solver import solve as plan
 from ray_saturn.spec import ClusterSpec, NodeSpec, Task

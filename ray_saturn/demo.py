@@ -27,7 +27,6 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,14 @@ from ray_saturn.errors import SaturnError
 from ray_saturn.plan import Plan
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.report import RunReport, gantt_png, render
+from ray_saturn.runtime.journal import (
+    DEMO_PROFILE_STORE,
+    EVENTS_FILE,
+    GANTT_FILE,
+    PLAN_FILE,
+    PROFILE_FILE,
+    read_local_state,
+)
 from ray_saturn.spec import ClusterSpec, Task
 from ray_saturn.workloads.text import gpt_task
 from ray_saturn.workloads.vision import cnn_task
@@ -88,7 +95,7 @@ def plan_with_baseline(
 def watch_progress(
     run_dir: Path, total_steps: dict[str, int], stop: threading.Event, console: Any = None, interval_s: float = 0.5
 ) -> None:
-    """Show a rich progress bar per task from ``run_dir/state.json`` until ``stop`` is set."""
+    """Show a rich progress bar per task from the run folder's state file until ``stop`` is set."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(
@@ -98,10 +105,7 @@ def watch_progress(
         bars = {t: progress.add_task(f"{t} queued", total=n) for t, n in total_steps.items()}
         while True:
             done = stop.wait(interval_s)
-            try:
-                state = json.loads((run_dir / "state.json").read_text())
-            except (OSError, ValueError):
-                state = {}
+            state = read_local_state(run_dir) or {}
             for name, rec in (state.get("tasks") or {}).items():
                 if name not in bars:
                     continue
@@ -110,18 +114,6 @@ def watch_progress(
                                 description=f"{name} {rec.get('state', '')} {where}".strip())
             if done:
                 return
-
-
-def _runtime() -> tuple[Callable[..., Any], Callable[..., Any]]:
-    import ray_saturn
-
-    missing = [n for n in ("profile", "run") if not callable(getattr(ray_saturn, n, None))]
-    if missing:
-        raise DemoError(
-            f"this build of ray_saturn has no {' or '.join('ray_saturn.' + m for m in missing)} yet "
-            "(profiler: strategies branch, runtime: runtime branch); the demo needs both"
-        )
-    return ray_saturn.profile, ray_saturn.run
 
 
 def run_demo(
@@ -142,7 +134,9 @@ def run_demo(
     import torch
     from rich.console import Console
 
-    profile_fn, run_fn = _runtime()
+    from ray_saturn import profile as profile_fn
+    from ray_saturn import run as run_fn
+
     console = console or Console(width=None if sys.stdout.isatty() else 140)
     if gpus < 1:
         raise DemoError(f"--gpus is {gpus}; the demo needs at least 1 (logical) GPU")
@@ -166,10 +160,10 @@ def run_demo(
         cluster = ClusterSpec.from_ray()
         console.print(f"Profiling {len(tasks)} tasks ({', '.join(DEMO_STRATEGIES)}) on {cluster.total_gpus} GPUs ...")
         # The profile store caches measurements by performance signature: a second demo run skips them.
-        store = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ray_saturn" / "demo-profile.parquet"
+        store = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ray_saturn" / DEMO_PROFILE_STORE
         store.parent.mkdir(parents=True, exist_ok=True)
         profile = profile_fn(tasks, cluster, store=str(store))
-        profile.write(out / "profile.parquet")
+        profile.write(out / PROFILE_FILE)
         planned, baseline = plan_with_baseline(profile, cluster)
         (out / "planned.json").write_text(planned.to_json(indent=1))
         (out / "baseline-fifo-whole-node.json").write_text(baseline.to_json(indent=1))
@@ -190,10 +184,10 @@ def run_demo(
     finally:
         ray.shutdown()
     report = RunReport.from_run_dir(run_dir, planned=planned, baseline=baseline)
-    gantt = gantt_png(report, run_dir / "gantt.png")
+    gantt = gantt_png(report, run_dir / GANTT_FILE)
     wall = time.monotonic() - t0
     (out / "report.json").write_text(json.dumps({**report.to_dict(), "wall_s": round(wall, 1)}, indent=1))
     render(report, console)
-    console.print(f"Run folder: {run_dir} (plan.json, events.jsonl, checkpoints under tasks/, gantt.png); "
+    console.print(f"Run folder: {run_dir} ({PLAN_FILE}, {EVENTS_FILE}, checkpoints under tasks/, {GANTT_FILE}); "
                   f"wall time {wall:.0f}s")
     return DemoResult(report=report, run_dir=run_dir, gantt=gantt, wall_s=wall, logical_gpus=logical)

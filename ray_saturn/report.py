@@ -1,15 +1,17 @@
 """Reports of a finished run: a table per task, makespans against bounds and baselines, a Gantt chart.
 
-Reads the run folder the runtime writes (``state.json``: per task its state,
-loss and segments, each ``{"strategy", "gpus", "nodes", "launch_s",
-"end_s", ...}`` in driver-clock seconds) and, when given, the plan made
-before the run and a baseline policy's plan for the same profile.
+Reads the run folder the runtime writes (its state file, see
+:mod:`ray_saturn.runtime.journal`: per task its state, loss and
+:class:`~ray_saturn.control.Segment` s, ``{"strategy", "gpus", "nodes",
+"start_s", "end_s", ...}`` in driver-clock seconds) and, when given, the
+plan made before the run and a baseline policy's plan for the same profile.
 
 Example:
     >>> import json, tempfile, pathlib
+    >>> from ray_saturn.runtime.journal import STATE_FILE
     >>> d = pathlib.Path(tempfile.mkdtemp())
-    >>> seg = {"strategy": "ddp", "gpus": 2, "nodes": ["node-0"], "launch_s": 0.0, "end_s": 9.5}
-    >>> _ = (d / "state.json").write_text(json.dumps({"replans": 1, "moves": 0, "tasks": {
+    >>> seg = {"strategy": "ddp", "gpus": 2, "nodes": ["node-0"], "start_s": 0.0, "end_s": 9.5}
+    >>> _ = (d / STATE_FILE).write_text(json.dumps({"replans": 1, "moves": 0, "tasks": {
     ...     "a": {"state": "finished", "loss": 1.25, "steps_done": 10, "total_steps": 10, "segments": [seg]}}}))
     >>> report = RunReport.from_run_dir(d)
     >>> report.realised_makespan_s, report.tasks[0].final_loss
@@ -18,7 +20,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Mapping
@@ -26,30 +27,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ray_saturn.control.state import Segment
 from ray_saturn.errors import SaturnError
 from ray_saturn.plan import Plan
+from ray_saturn.runtime.journal import STATE_FILE, Journal
+from ray_saturn.runtime.storage import RunStorage, StorageError
 
 __all__ = ["ReportError", "RunReport", "Segment", "TaskOutcome", "gantt_png", "render"]
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "state.json"
-
 
 class ReportError(SaturnError, ValueError):
     """A run folder cannot be reported on (missing or malformed state)."""
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One stretch of a task on one configuration (seconds since the run started)."""
-
-    strategy: str
-    gpus: int
-    nodes: tuple[str, ...]
-    start_s: float
-    end_s: float | None
-    first_step_s: float | None = None  # when training began (after start-up); None if unknown
 
 
 @dataclass(frozen=True)
@@ -99,14 +89,18 @@ class RunReport:
     def from_run_dir(
         cls, run_dir: str | os.PathLike[str], *, planned: Plan | None = None, baseline: Plan | None = None
     ) -> RunReport:
-        """Read ``state.json`` of ``run_dir`` (a local folder)."""
-        path = Path(run_dir) / STATE_FILE
+        """Read the state file of ``run_dir`` (a local folder or a storage URI)."""
+        missing = f"{os.fspath(run_dir)}/{STATE_FILE}: no such file; is {run_dir} a ray_saturn run folder?"
         try:
-            state = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ReportError(f"{path}: no such file; is {run_dir} a ray_saturn run folder?") from None
-        except (OSError, ValueError) as exc:
-            raise ReportError(f"{path}: not readable JSON ({exc})") from None
+            journal = Journal(RunStorage(run_dir, create=False))
+        except StorageError:
+            raise ReportError(missing) from None
+        if not journal.has_state():
+            raise ReportError(missing)
+        try:
+            state = journal.read_state()
+        except (StorageError, OSError) as exc:
+            raise ReportError(f"{run_dir}: cannot read the run's state ({exc})") from None
         return cls.from_state(state, run_dir=str(run_dir), planned=planned, baseline=baseline)
 
     @classmethod
@@ -120,12 +114,7 @@ class RunReport:
         last_end = 0.0
         for name, rec in tasks_in.items():
             try:
-                segs = tuple(
-                    Segment(str(s["strategy"]), int(s["gpus"]), tuple(s.get("nodes") or ()), float(s["launch_s"]),
-                            None if s.get("end_s") is None else float(s["end_s"]),
-                            None if s.get("first_step_s") is None else float(s["first_step_s"]))
-                    for s in rec.get("segments", [])
-                )
+                segs = tuple(Segment.from_dict(s) for s in rec.get("segments", []))
             except (KeyError, TypeError, ValueError) as exc:
                 raise ReportError(f"{run_dir or 'state'}: task {name!r} has a malformed segment ({exc})") from None
             last = segs[-1] if segs else None
@@ -174,7 +163,7 @@ class RunReport:
             "tasks": [
                 {**{k: v for k, v in asdict(t).items() if k != "segments"},
                  "nodes": list(t.nodes),
-                 "segments": [{**asdict(s), "nodes": list(s.nodes)} for s in t.segments]}
+                 "segments": [s.to_dict() for s in t.segments]}
                 for t in self.tasks
             ],
             **self.extra,

@@ -26,6 +26,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -34,20 +35,14 @@ sys.path.insert(0, str(HERE))
 import pollux  # noqa: E402
 
 from ray_saturn import ClusterSpec  # noqa: E402
-from ray_saturn.runtime.api import emulate, emulated_cluster  # noqa: E402
-from ray_saturn.runtime.driver import DriverConfig  # noqa: E402
+from ray_saturn.runtime.config import emulation_config  # noqa: E402
+from ray_saturn.runtime.emulation import emulate, emulated_cluster  # noqa: E402
 from ray_saturn.solver import solve  # noqa: E402
 
 
 def case(profile, scale, policy, noise, seed, solver_s, nodes, gpn) -> dict:
-    cfg = DriverConfig(
-        policy=policy,
-        seed=seed,
-        checkpoint_interval_s=1.0 / scale,  # one checkpoint per wall second
-        restart_s=1.0 / scale,
-        solver_time_limit_s=solver_s,
-        poll_wall_s=0.05,
-    )
+    # One checkpoint per wall second, a restart cost of one wall second (until one is measured).
+    cfg = replace(emulation_config(scale, policy=policy, seed=seed, solver_time_limit_s=solver_s), poll_wall_s=0.05)
     with tempfile.TemporaryDirectory(prefix="emulate-bench-") as d:
         t0 = time.time()
         out = emulate(
@@ -56,8 +51,6 @@ def case(profile, scale, policy, noise, seed, solver_s, nodes, gpn) -> dict:
             gpn,
             time_scale=scale,
             noise=noise,
-            seed=seed,
-            policy=policy,
             storage=Path(d) / "run",
             config=cfg,
             use_running_ray=True,

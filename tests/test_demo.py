@@ -13,6 +13,7 @@ from ray_saturn import ClusterSpec, ProfileTable
 from ray_saturn.demo import demo_tasks, plan_with_baseline, watch_progress
 from ray_saturn.report import ReportError, RunReport, gantt_png, render
 from ray_saturn.solver import build_problem, lower_bound
+from ray_saturn.runtime.journal import STATE_FILE
 from ray_saturn.workloads.text import corpus, gpt_task, vocabulary
 from ray_saturn.workloads.vision import cnn_task
 
@@ -81,7 +82,7 @@ def test_saturn_plan_beats_the_whole_node_baseline():
 
 def _state():
     def seg(strategy, gpus, start, end):
-        return {"attempt": 0, "strategy": strategy, "gpus": gpus, "nodes": ["node-0"], "launch_s": start,
+        return {"attempt": 0, "strategy": strategy, "gpus": gpus, "nodes": ["node-0"], "start_s": start,
                 "first_step_s": start + 1, "end_s": end, "status": "finished", "steps_start": 0}
 
     return {
@@ -96,7 +97,7 @@ def _state():
 
 
 def test_report_table_and_gantt(tmp_path):
-    (tmp_path / "state.json").write_text(json.dumps(_state()))
+    (tmp_path / STATE_FILE).write_text(json.dumps(_state()))
     planned, baseline = plan_with_baseline(
         ProfileTable.from_rows([{"task": t, "strategy": "ddp", "gpus": 2, "step_time_s": 1.0, "steps": 9}
                                 for t in ("t0", "t1")]), ClusterSpec.uniform(1, 4), time_limit_s=1)
@@ -119,7 +120,7 @@ def test_report_table_and_gantt(tmp_path):
 def test_report_errors_are_one_line(tmp_path):
     with pytest.raises(ReportError, match="no such file"):
         RunReport.from_run_dir(tmp_path)
-    (tmp_path / "state.json").write_text(json.dumps({"tasks": {"a": {"segments": [{"gpus": 1}]}}}))
+    (tmp_path / STATE_FILE).write_text(json.dumps({"tasks": {"a": {"segments": [{"gpus": 1}]}}}))
     with pytest.raises(ReportError, match="malformed segment"):
         RunReport.from_run_dir(tmp_path)
 
@@ -127,7 +128,7 @@ def test_report_errors_are_one_line(tmp_path):
 def test_progress_display_follows_the_state_file(tmp_path):
     from rich.console import Console
 
-    (tmp_path / "state.json").write_text(json.dumps(_state()))
+    (tmp_path / STATE_FILE).write_text(json.dumps(_state()))
     buf = io.StringIO()
     stop = threading.Event()
     stop.set()  # one refresh, then return

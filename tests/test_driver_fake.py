@@ -219,7 +219,7 @@ def test_a_task_arriving_later_is_planned_when_it_arrives(tmp_path):
     )
     result = d.run(max_steps=10_000)
     assert result.state == "finished"
-    assert result.tasks["t2"].segments[0].launch_s >= 50.0
+    assert result.tasks["t2"].segments[0].start_s >= 50.0
     assert all(r.steps_done == r.total_steps for r in result.tasks.values())
     events = RunStorage(tmp_path).read_jsonl(EVENTS_FILE)
     assert any(e["kind"] == "replan" and "t2 arrived" in e["reasons"] and e["time_s"] >= 50 for e in events)

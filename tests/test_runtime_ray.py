@@ -15,6 +15,7 @@ ray = pytest.importorskip("ray")
 
 from ray_saturn import ClusterSpec, ProfileTable  # noqa: E402
 from ray_saturn.runtime.api import emulate, emulated_cluster  # noqa: E402
+from ray_saturn.runtime.journal import EVENTS_FILE  # noqa: E402
 from ray_saturn.runtime.ledger import LedgerError  # noqa: E402
 from ray_saturn.runtime.pg_manager import PlacementGroupManager  # noqa: E402
 
@@ -157,7 +158,7 @@ def test_emulation_reports_contract_3(cluster, tmp_path):
         assert t["state"] == "finished" and t["steps_done"] == t["total_steps"]
         for s in t["segments"]:
             assert set(s["nodes"]) <= names and s["end_s"] > s["start_s"] >= 0
-    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    events = [json.loads(x) for x in (tmp_path / "run" / EVENTS_FILE).read_text().splitlines()]
     assert any(e["kind"] == "replan" and e["reasons"] for e in events)
     # Checkpoints went through the task folders of the run.
     assert list((tmp_path / "run" / "tasks").glob("*/emulated/step-*.json"))

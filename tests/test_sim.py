@@ -43,18 +43,18 @@ def check_realised(result, profile: ProfileTable, cluster: ClusterSpec, arrivals
         assert rec.segments, rec.task
         prev_end = -1.0
         for seg in rec.segments:
-            assert seg["end_s"] is not None and seg["end_s"] >= seg["start_s"]
-            assert seg["start_s"] >= prev_end - 1e-6, f"{rec.task} runs twice at once"
-            prev_end = seg["end_s"]
-            assert seg["start_s"] >= (arrivals or {}).get(rec.task, 0.0) - 1e-6, f"{rec.task} before arrival"
-            profile.get(rec.task, seg["strategy"], seg["gpus"], len(seg["nodes"]))
-            per = seg["gpus"] // len(seg["nodes"])
-            for n in seg["nodes"]:
+            assert seg.end_s is not None and seg.end_s >= seg.start_s
+            assert seg.start_s >= prev_end - 1e-6, f"{rec.task} runs twice at once"
+            prev_end = seg.end_s
+            assert seg.start_s >= (arrivals or {}).get(rec.task, 0.0) - 1e-6, f"{rec.task} before arrival"
+            profile.get(rec.task, seg.strategy, seg.gpus, len(seg.nodes))
+            per = seg.gpus // len(seg.nodes)
+            for n in seg.nodes:
                 if n in down:
                     a, b = down[n]
-                    assert seg["end_s"] <= a + 1e-6 or seg["start_s"] >= b - 1e-6, f"{rec.task} on {n} while down"
-                events[n] += [(seg["start_s"], 1, per), (seg["end_s"], 0, -per)]
-        assert rec.finish_s == pytest.approx(rec.segments[-1]["end_s"])
+                    assert seg.end_s <= a + 1e-6 or seg.start_s >= b - 1e-6, f"{rec.task} on {n} while down"
+                events[n] += [(seg.start_s, 1, per), (seg.end_s, 0, -per)]
+        assert rec.finish_s == pytest.approx(rec.segments[-1].end_s)
     for n, evs in events.items():
         used = 0
         for _, _, q in sorted(evs):

@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from ray_saturn import defaults
 from ray_saturn.errors import SpecError
-from ray_saturn.runtime.api import emulate
+from ray_saturn.runtime.emulation import emulate
 
 
 def add_parser(sub) -> None:
@@ -40,16 +41,16 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--policy",
-        default="saturn-replan",
-        help="re-planning policy: saturn-replan (default), saturn-static, saturn-periodic, "
+        default=defaults.POLICY,
+        help=f"re-planning policy: {defaults.POLICY} (default), saturn-static, saturn-periodic, "
         "or a baseline planner",
     )
     p.add_argument(
         "--solver-time-limit",
         type=float,
-        default=2.0,
+        default=defaults.EMULATE_SOLVER_TIME_LIMIT_S,
         metavar="S",
-        help="wall seconds per solver call (2)",
+        help=f"wall seconds per solver call ({defaults.EMULATE_SOLVER_TIME_LIMIT_S:g})",
     )
     p.add_argument("--run-dir", metavar="DIR", help="run folder (default: a new temporary folder)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -61,17 +62,13 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--nodes and --gpus-per-node must be at least 1")
     if args.noise < 0:
         raise SpecError(f"--noise is {args.noise}; give a number >= 0")
-    from ray_saturn.runtime.driver import DriverConfig
+    from ray_saturn.runtime.config import check_policy, emulation_config
 
     if not args.time_scale > 0:
         raise SpecError(f"--time-scale is {args.time_scale}; give a factor > 0")
-    cfg = DriverConfig(
-        policy=args.policy,
-        seed=args.seed,
-        checkpoint_interval_s=1.0 / args.time_scale,
-        restart_s=1.0 / args.time_scale,
-        solver_time_limit_s=args.solver_time_limit,
-        poll_wall_s=0.1,
+    check_policy(args.policy)
+    cfg = emulation_config(
+        args.time_scale, policy=args.policy, seed=args.seed, solver_time_limit_s=args.solver_time_limit
     )
     out = emulate(
         args.profile,
@@ -79,8 +76,6 @@ def run(args: argparse.Namespace) -> int:
         args.gpus_per_node,
         time_scale=args.time_scale,
         noise=args.noise,
-        seed=args.seed,
-        policy=args.policy,
         storage=args.run_dir,
         config=cfg,
     )

@@ -15,6 +15,7 @@ import os
 import sys
 import uuid
 
+from ray_saturn import defaults
 from ray_saturn.errors import SpecError
 from ray_saturn.spec import Task, check_unique_names
 
@@ -50,23 +51,30 @@ def add_parser(sub) -> None:
     p.add_argument("workload", help="Python file defining `tasks`")
     p.add_argument("--run-dir", required=True, metavar="DIR", help="run folder (local path or URI)")
     p.add_argument("--profile", metavar="FILE", help="use this profile instead of profiling")
-    p.add_argument("--policy", default="saturn-replan", help="re-planning policy (saturn-replan)")
+    p.add_argument("--policy", default=defaults.POLICY, help=f"re-planning policy ({defaults.POLICY})")
     p.add_argument(
         "--checkpoint-interval",
         type=float,
-        default=60.0,
+        default=defaults.CHECKPOINT_INTERVAL_S,
         metavar="S",
-        help="seconds between checkpoints (60)",
+        help=f"seconds between checkpoints ({defaults.CHECKPOINT_INTERVAL_S:g})",
     )
-    p.add_argument("--solver-time-limit", type=float, default=10.0, metavar="S")
+    p.add_argument(
+        "--solver-time-limit",
+        type=float,
+        default=defaults.SOLVER_TIME_LIMIT_S,
+        metavar="S",
+        help=f"wall seconds per solver call ({defaults.SOLVER_TIME_LIMIT_S:g})",
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ray_saturn.runtime.api import run as run_api
-    from ray_saturn.runtime.driver import DriverConfig
+    from ray_saturn.runtime.config import DriverConfig, check_policy
 
+    check_policy(args.policy)
     tasks = load_workload(args.workload)
     cfg = DriverConfig(
         policy=args.policy,
@@ -77,7 +85,6 @@ def run(args: argparse.Namespace) -> int:
         tasks,
         storage=args.run_dir,
         profile=args.profile,
-        policy=args.policy,
         config=cfg,
         workload=os.path.abspath(args.workload),
     )

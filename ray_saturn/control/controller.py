@@ -114,6 +114,11 @@ class Controller:
         solve: the solver function (default :func:`ray_saturn.solver.solve`).
         deterministic: ask the solver policy for its deterministic mode (limits
             counted in work, not seconds), so a run depends only on its inputs.
+        steps_done: progress tasks already made (e.g. a resumed run: each
+            task's last checkpoint), in steps of the profile's totals; a task
+            with all its steps done starts FINISHED.
+        failed: tasks given up earlier (task -> reason); they start FAILED and
+            are never planned.
     """
 
     def __init__(
@@ -132,6 +137,8 @@ class Controller:
         max_failures: int = 3,
         solve: SolveFn | None = None,
         deterministic: bool = False,
+        steps_done: Mapping[str, int] | None = None,
+        failed: Mapping[str, str] | None = None,
     ) -> None:
         if restart_s < 0 or not math.isfinite(restart_s):
             raise SaturnError(f"restart cost is {restart_s} s; give a finite number >= 0")
@@ -165,6 +172,16 @@ class Controller:
         self.tasks: dict[str, TaskProgress] = {}
         for t in profile.tasks:
             self.tasks[t] = TaskProgress(t, max(c.steps for c in profile.configs(t)))
+        for t, n in (steps_done or {}).items():
+            p = self.state(t)
+            if not 0 <= int(n) <= p.total_steps:
+                raise SaturnError(f"task {t!r}: {n} steps done, but it has {p.total_steps}; give 0..{p.total_steps}")
+            p.steps_done = int(n)
+            if p.steps_done == p.total_steps:
+                p.state = TaskState.FINISHED
+        for t, why in (failed or {}).items():
+            p = self.state(t)
+            p.state, p.reason = TaskState.FAILED, why
         self.planned: dict[str, PlannedTask] = {}
         self._plan_step_time: dict[str, float] = {}
         self.plan: Plan | None = None
@@ -225,8 +242,9 @@ class Controller:
 
     # ------------------------------------------------------------ inputs
     def start(self, now_s: float = 0.0, arrived: Iterable[str] | None = None) -> list[Action]:
-        """Mark ``arrived`` tasks (default: all) as arrived at ``now_s``; plan and launch."""
-        names = self.profile.tasks if arrived is None else list(arrived)
+        """Mark ``arrived`` tasks (default: all not yet finished or failed) as arrived at ``now_s``;
+        plan and launch."""
+        names = [t for t, p in self.tasks.items() if p.state is TaskState.PENDING] if arrived is None else list(arrived)
         return self.handle(*[TaskArrived(time_s=now_s, task=t) for t in names])
 
     def set_restart_cost(self, restart_s: float) -> None:
@@ -376,15 +394,16 @@ class Controller:
             p = self.state(ev.task)
             if p.state is not TaskState.RUNNING:
                 raise SaturnError(f"task {ev.task!r} finished but it is {p.state.value}, not running")
-            self._close(p, ev.time_s)
-            p.state, p.finished_s, p.steps_done = TaskState.FINISHED, ev.time_s, p.total_steps
+            p.steps_done = p.total_steps
+            self._close(p, ev.time_s, "finished")
+            p.state, p.finished_s = TaskState.FINISHED, ev.time_s
             planned = self.planned.pop(ev.task, None)
             return self.policy.wants_replan(ev, self._view(p, planned))
         if isinstance(ev, TaskFailed):
             p = self.state(ev.task)
             if p.state not in (TaskState.RUNNING, TaskState.QUEUED):
                 raise SaturnError(f"task {ev.task!r} failed but it is {p.state.value}")
-            self._interrupt(p, ev.time_s, ev.steps_done)
+            self._interrupt(p, ev.time_s, ev.steps_done, "failed")
             p.failures += 1
             p.reason = ev.reason
             if p.failures > self.max_failures or ev.final:
@@ -402,7 +421,7 @@ class Controller:
                     del self.planned[t]  # planned on the lost node: plan it again
             for p in self.tasks.values():
                 if p.state is TaskState.RUNNING and p.placement and ev.node in p.placement.nodes:
-                    self._interrupt(p, ev.time_s, ev.steps_done.get(p.task))
+                    self._interrupt(p, ev.time_s, ev.steps_done.get(p.task), "interrupted")
             return f"node {ev.node} lost"
         if isinstance(ev, NodeAdded):
             if ev.node.name in self.nodes:
@@ -422,15 +441,15 @@ class Controller:
         t = self.policy.next_tick_s(self._tick_base_s, self.first_makespan_s)
         return t is not None and now >= t - 1e-9
 
-    def _close(self, p: TaskProgress, now: float) -> None:
+    def _close(self, p: TaskProgress, now: float, status: str) -> None:
         seg = p.running_segment
         if seg is not None:
-            seg.end_s = now
+            seg.end_s, seg.status, seg.steps_end = now, status, p.steps_done
 
-    def _interrupt(self, p: TaskProgress, now: float, steps_done: int | None) -> None:
+    def _interrupt(self, p: TaskProgress, now: float, steps_done: int | None, status: str) -> None:
         if p.state is TaskState.RUNNING:
             p.steps_done = p.steps_at(now) if steps_done is None else min(p.total_steps, int(steps_done))
-            self._close(p, now)
+            self._close(p, now, status)
         p.state = TaskState.QUEUED
         p.placement = None
         p.measured_step_time_s = None
@@ -533,7 +552,7 @@ class Controller:
         for d in decisions:
             if d.move:
                 p = self.tasks[d.task]
-                self._interrupt(p, now, None)
+                self._interrupt(p, now, None, "stopped")
                 self.planned[d.task] = self._planned_from(plan.assignment(d.task), now)
                 self.moves += 1
                 actions.append(Stop(d.task, d.reason, d.target))
@@ -584,7 +603,7 @@ class Controller:
             p.estimate_step_time_s = self._plan_step_time.get(pt.task)
             p.measured_step_time_s = None
             p.flagged_off_estimate = False
-            p.segments.append(Segment(pt.placement, now, pt.setup_s, steps_at_start=p.steps_done))
+            p.segments.append(Segment(pt.placement, now, pt.setup_s, steps_start=p.steps_done))
             out.append(
                 Launch(
                     pt.task,
@@ -596,12 +615,3 @@ class Controller:
                 )
             )
         return out
-
-    # ------------------------------------------------------------ reporting
-    def summary(self) -> Mapping[str, object]:
-        return {
-            "replans": len(self.replans),
-            "moves": self.moves,
-            "solver_time_s": self.solver_time_s,
-            "tasks": [p.to_dict() for p in self.tasks.values()],
-        }

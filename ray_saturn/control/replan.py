@@ -43,7 +43,7 @@ Example:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from ray_saturn.context import Incumbent, PlanningContext, RunningTask
@@ -305,7 +305,3 @@ def get_replan_policy(name: str, **kwargs) -> ReplanPolicy:
             raise SaturnError(f"policy {name!r} takes no options (got {', '.join(kwargs)})")
         return StaticReplan(solver_policy=name)
     raise SaturnError(f"unknown policy {name!r}; choose from: {', '.join(replan_policy_names())}")
-
-
-def policies_from_names(names: Sequence[str]) -> list[ReplanPolicy]:
-    return [get_replan_policy(n) for n in names]

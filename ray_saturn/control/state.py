@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["Placement", "Segment", "TaskProgress", "TaskState"]
 
@@ -65,20 +67,94 @@ class Placement:
 
 @dataclass
 class Segment:
-    """One stretch of a task on one placement: [start_s, end_s), restarting for ``setup_s``."""
+    """One stretch of a task on one placement, from ``start_s`` to ``end_s``.
+
+    The one segment type of the project: the controller records what it
+    launched (``setup_s``: the restart set-up the plan allowed before the
+    steps resume), the runtime's driver what really ran (``first_step_s``:
+    when training began; ``status``, ``attempt``, ``reason``), the simulator
+    what it simulated, and reports read them back (:meth:`from_dict`).
+    ``steps_start`` / ``steps_end`` are absolute step counts of the task.
+
+    ``status``: ``launching`` (no step yet), ``running``, ``stopping`` (a
+    move asked it to stop), then ``finished``, ``stopped``, ``failed`` or
+    ``interrupted`` (its node or its driver went away).
+
+    Example:
+        >>> s = Segment(Placement("ddp", 2, ("node-0",)), 5.0, end_s=9.0)
+        >>> s.strategy, s.gpus, s.nodes, Segment.from_dict(s.to_dict()) == s
+        ('ddp', 2, ('node-0',), True)
+    """
 
     placement: Placement
     start_s: float
     setup_s: float = 0.0
     end_s: float | None = None
-    steps_at_start: int = 0
+    steps_start: int = 0
+    steps_end: int | None = None
+    first_step_s: float | None = None
+    status: str = "running"
+    attempt: int = 0
+    reason: str = ""
+
+    @property
+    def strategy(self) -> str:
+        return self.placement.strategy
+
+    @property
+    def gpus(self) -> int:
+        return self.placement.gpus
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return self.placement.nodes
+
+    @property
+    def open(self) -> bool:
+        """True while the segment has not ended."""
+        return self.end_s is None
 
     def to_dict(self) -> dict:
         out = self.placement.to_dict()
-        out.update(start_s=self.start_s, end_s=self.end_s)
+        out.update(
+            start_s=self.start_s,
+            end_s=self.end_s,
+            first_step_s=self.first_step_s,
+            steps_start=self.steps_start,
+            steps_end=self.steps_end,
+            status=self.status,
+            attempt=self.attempt,
+            reason=self.reason,
+        )
         if self.setup_s:
             out["setup_s"] = self.setup_s
         return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Segment:
+        """Read :meth:`to_dict`'s form (also the older ``launch_s`` key for ``start_s``).
+
+        Raises ``KeyError``/``TypeError``/``ValueError`` on a malformed segment.
+        """
+        start = d["start_s"] if "start_s" in d else d["launch_s"]
+
+        def opt_float(key: str) -> float | None:
+            v = d.get(key)
+            return None if v is None else float(v)
+
+        end = d.get("steps_end")
+        return cls(
+            Placement(str(d["strategy"]), int(d["gpus"]), tuple(str(n) for n in d.get("nodes") or ())),
+            float(start),
+            setup_s=float(d.get("setup_s") or 0.0),
+            end_s=opt_float("end_s"),
+            steps_start=int(d.get("steps_start") or 0),
+            steps_end=None if end is None else int(end),
+            first_step_s=opt_float("first_step_s"),
+            status=str(d.get("status", "running")),
+            attempt=int(d.get("attempt") or 0),
+            reason=str(d.get("reason") or ""),
+        )
 
 
 @dataclass

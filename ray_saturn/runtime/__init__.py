@@ -6,6 +6,11 @@ Parts (one module each):
   (planning, launching, running, re-planning, moving, finished, failed),
   steppable one iteration at a time. Its decisions come from the control
   plane (:mod:`ray_saturn.control`), the same objects the simulator runs.
+- :mod:`~ray_saturn.runtime.records`: per-task records (state read from the
+  control plane's task progress) and the run's result;
+  :mod:`~ray_saturn.runtime.config`: the driver's and the run's settings.
+- :mod:`~ray_saturn.runtime.journal`: the run folder's file names and their
+  readers and writers (state, events, plan, settings, profile).
 - :mod:`~ray_saturn.runtime.ledger` and :mod:`~ray_saturn.runtime.pg_manager`:
   the GPU ledger and the placement groups that hold each decision's GPUs,
   and the hand-over of those GPUs to Ray Train V2's TorchTrainer.
@@ -15,10 +20,11 @@ Parts (one module each):
 - :mod:`~ray_saturn.runtime.emulated`: the sleep-per-step workload of
   ``ray-saturn emulate``; :mod:`~ray_saturn.runtime.fake`: Ray-free launcher
   and ledger for tests.
-- :mod:`~ray_saturn.runtime.storage`: the run folder (local or pyarrow URI):
-  ``run.json``, ``state.json``, ``events.jsonl``, ``plan.json``, checkpoints.
-- :mod:`~ray_saturn.runtime.api`: ``run``, ``resume``, ``emulate``,
-  ``run_status`` (re-exported from :mod:`ray_saturn`).
+- :mod:`~ray_saturn.runtime.storage`: the run folder (local or pyarrow URI).
+- :mod:`~ray_saturn.runtime.api`: ``run``, ``resume``, ``run_status``;
+  :mod:`~ray_saturn.runtime.emulation`: ``emulate`` and its local cluster;
+  :mod:`~ray_saturn.runtime.actor`: the driver actor both start
+  (re-exported from :mod:`ray_saturn`).
 
 What the emulated path exercises and what it does not: ``emulate`` runs the
 same driver actor, control plane, ledger, placement groups (one hold per

@@ -43,7 +43,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -51,16 +50,22 @@ import statistics
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ray_saturn.control.state import Placement, Segment, TaskState
 from ray_saturn.errors import SaturnError
-from ray_saturn.profile_table import Config, ProfileTable
+from ray_saturn.profile_table import ProfileTable
+from ray_saturn.runtime.config import DriverConfig
+from ray_saturn.runtime.journal import EVENTS_FILE, STATE_FILE, Journal
 from ray_saturn.runtime.launcher import Exited, Launcher, LaunchSpec, Progress, Started
 from ray_saturn.runtime.ledger import LedgerError
+from ray_saturn.runtime.records import DriverResult, TaskRecord
 from ray_saturn.runtime.storage import RunStorage
 
 __all__ = [
+    "EVENTS_FILE",
+    "STATE_FILE",
     "Driver",
     "DriverConfig",
     "DriverResult",
@@ -71,159 +76,10 @@ __all__ = [
     "Planning",
     "Replanning",
     "Running",
-    "SegmentRecord",
     "TaskRecord",
 ]
 
 logger = logging.getLogger(__name__)
-
-STATE_FILE = "state.json"
-EVENTS_FILE = "events.jsonl"
-PLAN_FILE = "plan.json"
-
-
-@dataclass(frozen=True)
-class DriverConfig:
-    """Settings of one run. Times are driver-clock (profile) seconds unless they say wall.
-
-    Example:
-        >>> DriverConfig(policy="saturn-static").policy
-        'saturn-static'
-    """
-
-    policy: str = "saturn-replan"
-    solver_time_limit_s: float = 10.0
-    checkpoint_interval_s: float = 60.0
-    restart_s: float = 30.0
-    max_failures: int = 3
-    min_replan_gap_s: float = 0.0
-    poll_wall_s: float = 0.2
-    node_check_wall_s: float = 1.0
-    persist_wall_s: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("solver_time_limit_s", "checkpoint_interval_s", "poll_wall_s"):
-            if not getattr(self, name) > 0:
-                raise SaturnError(f"DriverConfig.{name} is {getattr(self, name)}; it must be > 0")
-        if self.restart_s < 0 or self.max_failures < 0:
-            raise SaturnError("DriverConfig.restart_s and max_failures must be >= 0")
-
-
-@dataclass
-class SegmentRecord:
-    """One stretch of a task on one configuration (driver-clock seconds)."""
-
-    attempt: int
-    strategy: str
-    gpus: int
-    nodes: list[str]
-    launch_s: float
-    first_step_s: float | None = None
-    end_s: float | None = None
-    status: str = "launching"
-    steps_start: int = 0
-    steps_end: int | None = None
-    reason: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class TaskRecord:
-    """What the driver knows of one task, in absolute steps (persisted in state.json)."""
-
-    task: str
-    total_steps: int
-    state: str = "queued"
-    steps_done: int = 0
-    checkpointed_step: int = 0
-    step_time_s: float | None = None
-    planned_step_time_s: float | None = None
-    loss: float | None = None
-    reason: str = ""
-    attempts: int = 0
-    segments: list[SegmentRecord] = field(default_factory=list)
-
-    @property
-    def current(self) -> SegmentRecord | None:
-        return self.segments[-1] if self.segments and self.segments[-1].end_s is None else None
-
-    def eta_s(self, now: float) -> float | None:
-        if self.state == "finished":
-            return 0.0
-        st = self.step_time_s or self.planned_step_time_s
-        if st is None:
-            return None
-        return (self.total_steps - self.steps_done) * st
-
-    def to_dict(self, now: float) -> dict[str, Any]:
-        cur = self.current
-        last = self.segments[-1] if self.segments else None
-        where = cur or last
-        eta = self.eta_s(now)
-        return {
-            "task": self.task,
-            "state": self.state,
-            "steps_done": self.steps_done,
-            "total_steps": self.total_steps,
-            "checkpointed_step": self.checkpointed_step,
-            "strategy": where.strategy if where else None,
-            "gpus": where.gpus if where else None,
-            "nodes": where.nodes if where else [],
-            "step_time_s": self.step_time_s,
-            "planned_step_time_s": self.planned_step_time_s,
-            "loss": self.loss,
-            "eta_s": None if eta is None else round(eta, 3),
-            "reason": self.reason,
-            "attempts": self.attempts,
-            "segments": [s.to_dict() for s in self.segments],
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> TaskRecord:
-        rec = cls(
-            str(d["task"]),
-            int(d["total_steps"]),
-            state=str(d["state"]),
-            steps_done=int(d["steps_done"]),
-            checkpointed_step=int(d.get("checkpointed_step", 0)),
-            step_time_s=d.get("step_time_s"),
-            planned_step_time_s=d.get("planned_step_time_s"),
-            reason=str(d.get("reason", "")),
-            attempts=int(d.get("attempts", 0)),
-        )
-        rec.segments = [SegmentRecord(**s) for s in d.get("segments", [])]
-        return rec
-
-
-@dataclass
-class DriverResult:
-    """How a run ended: final state, makespans (driver-clock seconds) and per-task records."""
-
-    state: str
-    planned_makespan_s: float | None
-    realised_makespan_s: float
-    replans: int
-    moves: int
-    tasks: dict[str, TaskRecord]
-    reason: str = ""
-
-    @property
-    def failed_tasks(self) -> list[str]:
-        return [t for t, r in self.tasks.items() if r.state == "failed"]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "state": self.state,
-            "reason": self.reason,
-            "planned_makespan_s": self.planned_makespan_s,
-            "realised_makespan_s": round(self.realised_makespan_s, 3),
-            "replans": self.replans,
-            "moves": self.moves,
-            "tasks": [r.to_dict(self.realised_makespan_s) for r in self.tasks.values()],
-        }
 
 
 # ---------------------------------------------------------------- states
@@ -244,7 +100,7 @@ class Planning(DriverState):
     name = "planning"
 
     def step(self, d: Driver) -> DriverState:
-        if not d.controller.tasks:
+        if d.controller.done:
             return Finished()
         d.launcher.prepare()
         d.restart_clock(at=d.clock_origin_s)
@@ -336,11 +192,16 @@ class Driver:
         storage: the run folder.
         config: run settings.
         records: task records persisted by an earlier driver of this run
-            (resume): finished tasks are not re-run, others restart from their
-            latest checkpoint.
+            (resume): finished and failed tasks are not re-run, others restart
+            from their latest checkpoint.
         clock_offset_s: driver-clock time already spent (resume).
         arrivals: driver-clock time at which a task arrives (default: all at
             the start); each arrival is an event the control plane re-plans on.
+
+    Each record's state is the controller's (see
+    :mod:`ray_saturn.runtime.records`); progress is counted in the task's
+    absolute steps everywhere (the controller starts from the steps a
+    resumed task has already done).
     """
 
     def __init__(
@@ -364,56 +225,61 @@ class Driver:
         self.manager = manager
         self.launcher = launcher
         self.storage = storage
+        self.journal = Journal(storage)
         self._t0 = launcher.now()
         self._offset = float(clock_offset_s)
         self.clock_origin_s = float(clock_offset_s)
         self.records: dict[str, TaskRecord] = {}
+        steps_done: dict[str, int] = {}
+        failed: dict[str, str] = {}
+        old = dict(records or {})
         for t in profile.tasks:
             total = max(c.steps for c in profile.configs(t))
-            self.records[t] = TaskRecord(t, total)
-        for t, rec in (records or {}).items():
-            if t in self.records:
-                self.records[t] = rec
-        # Resume: what each unfinished task has durably done is in its checkpoint folder.
-        self.base: dict[str, int] = {}
-        for t, rec in self.records.items():
-            if rec.state in ("finished", "failed"):
+            rec = old.get(t) or TaskRecord(t, total)
+            self.records[t] = rec
+            if t not in old:
+                continue
+            # Resume: finished and failed tasks stay so; the others continue from their checkpoint.
+            if rec.state == "finished":
+                steps_done[t] = rec.total_steps
+                continue
+            if rec.state == "failed":
+                failed[t] = rec.reason or "failed before the driver restarted"
                 continue
             ck = min(rec.total_steps, launcher.checkpointed_step(storage.task_dir(t)))
             rec.checkpointed_step = ck
             rec.steps_done = ck
+            rec.waiting = False
             if rec.current is not None:  # the segment died with the previous driver
                 seg = rec.current
                 seg.end_s, seg.status, seg.steps_end = self._offset, "interrupted", ck
                 seg.reason = "the driver stopped"
-            rec.state = "queued"
-            self.base[t] = ck
-        remaining = self._remaining_profile()
-        self.controller = (
-            Controller(
-                remaining,
-                manager.ledger.cluster(),
-                self.config.policy,
-                restart_s=self.config.restart_s,
-                solver_time_limit_s=self.config.solver_time_limit_s,
-                seed=self.config.seed,
-                min_replan_gap_s=self.config.min_replan_gap_s,
-                max_failures=self.config.max_failures,
-            )
-            if remaining is not None
-            else _EmptyController()
+            steps_done[t] = ck
+        self.controller = Controller(
+            profile,
+            manager.ledger.cluster(),
+            self.config.policy,
+            restart_s=self.config.restart_s,
+            solver_time_limit_s=self.config.solver_time_limit_s,
+            seed=self.config.seed,
+            min_replan_gap_s=self.config.min_replan_gap_s,
+            max_failures=self.config.max_failures,
+            steps_done=steps_done,
+            failed=failed,
         )
+        for t, rec in self.records.items():
+            rec.progress = self.controller.state(t)  # one task state: the controller's
         self.state: DriverState = Planning()
         self.inbox: list[Any] = []
         self.stopping: dict[str, Any] = {}
         self._pending: dict[str, Any] = {}
         self._attempt: dict[str, int] = {}
-        self._launch_wall: dict[str, float] = {}
         self._latencies: list[float] = []
         self._stop_costs: list[float] = []
         self._log_seen = 0
         self._last_node_check = -math.inf
         self._last_persist = -math.inf
+        self._failed_seen: set[str] = set(failed)
         self.planned_makespan_s = planned_makespan_s
         counters = counters or {}
         self._replans0 = int(counters.get("replans", 0))
@@ -426,13 +292,16 @@ class Driver:
         for t, rec in self.records.items():
             self.metrics.task_state(t, rec.state if rec.state in ("finished", "failed") else "queued")
             self.metrics.task_progress(t, steps_done=rec.steps_done, total_steps=rec.total_steps)
-        left = set(self.controller.tasks)
-        self._arrivals = {t: float(s) for t, s in (arrivals or {}).items() if t in left}
+        self._to_arrive = {t for t, p in self.controller.tasks.items() if p.state is TaskState.PENDING}
+        self._arrivals = {t: float(s) for t, s in (arrivals or {}).items() if t in self._to_arrive}
         self._arrived: set[str] = set()
 
     def arrived_by(self, now: float) -> list[str]:
         """Tasks that have arrived by ``now`` and were not announced yet (marks them announced)."""
-        out = [t for t in self.controller.tasks if t not in self._arrived and self._arrivals.get(t, 0.0) <= now]
+        out = [
+            t for t in self.controller.tasks
+            if t in self._to_arrive and t not in self._arrived and self._arrivals.get(t, 0.0) <= now
+        ]
         self._arrived.update(out)
         return out
 
@@ -480,14 +349,23 @@ class Driver:
                 self.manager.release_all()
         return self.result()
 
+    @property
+    def replans(self) -> int:
+        """Re-plans so far (the first plan is not one), counting an earlier driver's."""
+        return self._replans0 + max(0, len(self.controller.replans) - 1)
+
+    @property
+    def moves(self) -> int:
+        return self._moves0 + self.controller.moves
+
     def result(self) -> DriverResult:
         end = self.finished_at if self.finished_at is not None else self.now()
         return DriverResult(
             state=self.state.name,
             planned_makespan_s=self.planned_makespan_s,
             realised_makespan_s=end,
-            replans=self._replans0 + max(0, len(self.controller.replans) - 1),
-            moves=self._moves0 + self.controller.moves,
+            replans=self.replans,
+            moves=self.moves,
             tasks=self.records,
             reason=getattr(self.state, "reason", ""),
         )
@@ -503,8 +381,8 @@ class Driver:
                 if a.task in self._pending and rec.current is None:
                     # Moved before it was launched: drop the launch, nothing to stop.
                     del self._pending[a.task]
+                    rec.waiting = False
                     self.manager.release(a.task)
-                    rec.state = "queued"
                     self.log(
                         {
                             "kind": "move",
@@ -517,12 +395,13 @@ class Driver:
                     continue
                 self.stopping[a.task] = (a, self.launcher.now())
                 self.metrics.moved()
-                rec.state = "stopping"
+                if rec.current is not None:
+                    rec.current.status = "stopping"
                 self.launcher.stop(a.task)
                 self.log({"kind": "move", "task": a.task, "reason": a.reason, "to": a.target.to_dict()})
             elif isinstance(a, Launch):
                 self._pending[a.task] = (a, self.now())
-                self.records[a.task].state = "launching"
+                self.records[a.task].waiting = True
             else:  # pragma: no cover - the controller only returns these two
                 raise SaturnError(f"unknown control action {a!r}")
 
@@ -540,10 +419,10 @@ class Driver:
                 self.metrics.replanned(sum(e.get("kind") == "replan" for e in new))
             self.metrics.plan(planned_makespan_s=self.now() + plan.makespan_s,
                               lower_bound_s=self.now() + plan.lower_bound_s)
-            self.storage.write_json(PLAN_FILE, plan.to_dict())
+            self.journal.write_plan(plan)
 
     def all_arrived(self) -> bool:
-        return len(self._arrived) >= len(self.controller.tasks)
+        return len(self._arrived) >= len(self._to_arrive)
 
     def pending_launches(self) -> bool:
         return bool(self._pending)
@@ -575,11 +454,14 @@ class Driver:
             self._launch(task, launch)
 
     def _launch(self, task: str, launch: Any) -> None:
+        from ray_saturn.profiler import knobs_for
+
         rec = self.records[task]
         attempt = rec.attempts
         rec.attempts += 1
+        rec.waiting = False
         self._attempt[task] = attempt
-        pl = launch.placement
+        pl: Placement = launch.placement
         cfg = self.profile.get(task, pl.strategy, pl.gpus, len(pl.nodes))
         step_time = cfg.step_time_s or 1.0
         every = max(1, round(self.config.checkpoint_interval_s / step_time))
@@ -592,32 +474,20 @@ class Driver:
             target_step=rec.total_steps,
             checkpoint_dir=self.storage.task_dir(task),
             checkpoint_every=every,
-            knobs=knobs_for(self.profile, cfg),
+            knobs=knobs_for(self.profile, *cfg.key),
             step_time_s=cfg.step_time_s,
         )
-        now = self.now()
-        start_step = self.base.get(task, 0) + launch.steps_done
-        rec.segments.append(
-            SegmentRecord(
-                attempt,
-                pl.strategy,
-                pl.gpus,
-                list(pl.nodes),
-                now,
-                steps_start=max(start_step, rec.checkpointed_step),
-            )
-        )
-        rec.state = "launching"
+        seg = Segment(pl, self.now(), steps_start=rec.checkpointed_step, status="launching", attempt=attempt)
+        rec.segments.append(seg)
         rec.planned_step_time_s = cfg.step_time_s
         rec.step_time_s = None
-        self._launch_wall[task] = self.launcher.now()
         self.log(
             {
                 "kind": "launch",
                 "task": task,
                 "attempt": attempt,
                 **pl.to_dict(),
-                "from_step": rec.segments[-1].steps_start,
+                "from_step": seg.steps_start,
                 "checkpoint_every": every,
             }
         )
@@ -629,6 +499,8 @@ class Driver:
     # ----------------------------------------------------------- events
     def pump(self, timeout_wall_s: float) -> None:
         """Poll the launcher once and turn what happened into control-plane input."""
+        from ray_saturn.control.events import TaskArrived, Tick
+
         self._check_nodes()
         for ev in self.launcher.poll(timeout_wall_s):
             if self._attempt.get(ev.task) != ev.attempt:
@@ -639,16 +511,12 @@ class Driver:
                 self._on_progress(ev)
             elif isinstance(ev, Exited):
                 self._on_exited(ev)
-        from ray_saturn.control.events import TaskArrived
-
         now = self.now()
         for t in self.arrived_by(now):
             self.log({"kind": "arrival", "task": t})
             self.inbox.append(TaskArrived(time_s=now, task=t))
         wake = self.controller.next_wakeup_s()
         if wake is not None and self.now() >= wake and not self.inbox:
-            from ray_saturn.control.events import Tick
-
             self.inbox.append(Tick(time_s=self.now()))
 
     def _on_started(self, ev: Started) -> None:
@@ -657,10 +525,10 @@ class Driver:
         if seg is None or seg.first_step_s is not None:
             return
         seg.first_step_s = self.now()
-        seg.status = "running"
-        rec.state = "running" if ev.task not in self.stopping else "stopping"
+        if seg.status == "launching":
+            seg.status = "running"
         self.metrics.task_state(ev.task, "running", gpus=seg.gpus)
-        latency = seg.first_step_s - seg.launch_s
+        latency = seg.first_step_s - seg.start_s
         self._latencies.append(latency)
         self.log(
             {
@@ -684,9 +552,7 @@ class Driver:
         self.metrics.task_progress(ev.task, steps_done=rec.steps_done, total_steps=rec.total_steps, step_time_s=st)
         if ev.task in self.stopping:
             return
-        actions = self.controller.report_progress(
-            ev.task, max(0, rec.steps_done - self.base.get(ev.task, 0)), self.now(), st
-        )
+        actions = self.controller.report_progress(ev.task, rec.steps_done, self.now(), st)
         if actions or len(self.controller.log) > self._log_seen:
             self.execute(actions)
             self.after_control()
@@ -721,14 +587,12 @@ class Driver:
         if task in self.stopping:
             _, t_stop = self.stopping.pop(task)
             self._stop_costs.append((self.launcher.now() - t_stop) / self.launcher.time_scale)
-            rec.state = "queued"
             self.metrics.task_state(task, "queued")
             rec.steps_done = rec.checkpointed_step
             if ev.status == "finished":
                 rec.steps_done = rec.total_steps  # relaunch finds the final checkpoint and ends at once
             return
         if ev.status == "finished":
-            rec.state = "finished"
             rec.steps_done = rec.total_steps
             self.metrics.task_state(task, "finished")
             self.metrics.task_progress(task, steps_done=rec.total_steps, total_steps=rec.total_steps)
@@ -736,16 +600,8 @@ class Driver:
         else:
             reason = ev.reason or f"segment ended with status {ev.status}"
             rec.steps_done = rec.checkpointed_step
-            rec.state = "queued"
             rec.reason = reason
-            self.inbox.append(
-                TaskFailed(
-                    time_s=now,
-                    task=task,
-                    reason=reason,
-                    steps_done=rec.checkpointed_step - self.base.get(task, 0),
-                )
-            )
+            self.inbox.append(TaskFailed(time_s=now, task=task, reason=reason, steps_done=rec.checkpointed_step))
 
     def _segment_failed(self, task: str, attempt: int, reason: str) -> None:
         self._on_exited(
@@ -776,6 +632,7 @@ class Driver:
             if any(n in changes.lost for n in launch.placement.nodes):
                 # The control plane counts it as running there; NodeLost interrupts it.
                 del self._pending[task]
+                self.records[task].waiting = False
                 dropped.add(task)
         steps: dict[str, int] = {}
         for task in dropped:
@@ -787,15 +644,9 @@ class Driver:
             rec.steps_done = rec.checkpointed_step
             seg = rec.current
             if seg is not None:
-                seg.end_s, seg.status, seg.steps_end, seg.reason = (
-                    now,
-                    "interrupted",
-                    ck,
-                    "node lost",
-                )
-            rec.state = "queued"
+                seg.end_s, seg.status, seg.steps_end, seg.reason = now, "interrupted", ck, "node lost"
             self.stopping.pop(task, None)
-            steps[task] = rec.checkpointed_step - self.base.get(task, 0)
+            steps[task] = rec.checkpointed_step
         for node in changes.lost:
             self.log({"kind": "node_lost_detected", "node": node, "tasks": sorted(dropped)})
             self.inbox.append(NodeLost(time_s=now, node=node, steps_done=dict(steps)))
@@ -814,23 +665,20 @@ class Driver:
     def log(self, record: dict[str, Any]) -> None:
         record.setdefault("time_s", round(self.now(), 3))
         record.setdefault("wall", round(time.time(), 3))
-        self.storage.append_jsonl(EVENTS_FILE, record)
+        self.journal.event(record)
 
     def persist(self, force: bool = False) -> None:
         wall = time.monotonic()
         if not force and wall - self._last_persist < self.config.persist_wall_s:
             return
         self._last_persist = wall
-        for t, p in self.controller.tasks.items():
-            rec = self.records.get(t)
-            if rec is not None and p.state.value == "failed":
-                if rec.state != "failed":
-                    self.metrics.task_state(t, "failed")
-                rec.state = "failed"
-                rec.reason = p.reason or rec.reason
+        for t, rec in self.records.items():
+            if rec.state == "failed" and t not in self._failed_seen:
+                self._failed_seen.add(t)
+                self.metrics.task_state(t, "failed")
+                rec.reason = self.controller.state(t).reason or rec.reason
         now = self.now()
-        self.storage.write_json(
-            STATE_FILE,
+        self.journal.write_state(
             {
                 "version": 1,
                 "driver_state": self.state.name,
@@ -839,69 +687,9 @@ class Driver:
                 "updated_wall": time.time(),
                 "time_scale": self.launcher.time_scale,
                 "planned_makespan_s": self.planned_makespan_s,
-                "replans": self._replans0 + max(0, len(self.controller.replans) - 1),
-                "moves": self._moves0 + self.controller.moves,
+                "replans": self.replans,
+                "moves": self.moves,
                 "restart_s": self.controller.restart_s,
                 "tasks": {t: r.to_dict(now) for t, r in self.records.items()},
             },
         )
-
-    def _remaining_profile(self) -> ProfileTable | None:
-        left = {t: r for t, r in self.records.items() if r.state not in ("finished", "failed")}
-        if not left:
-            return None
-
-        def cut(c: Config) -> Config | None:
-            rec = left.get(c.task)
-            if rec is None:
-                return None
-            steps = max(1, rec.total_steps - self.base.get(c.task, 0))
-            return Config(
-                c.task,
-                c.strategy,
-                c.gpus,
-                c.nodes,
-                c.step_time_s,
-                steps,
-                c.feasible,
-                c.peak_mem_gb,
-                c.reason,
-            )
-
-        return self.profile.replace(cut)
-
-
-class _EmptyController:
-    """Stands in for the control plane when a resumed run has nothing left to do."""
-
-    tasks: dict[str, Any] = {}  # noqa: RUF012
-    replans: list[Any] = []  # noqa: RUF012
-    log: list[Any] = []  # noqa: RUF012
-    moves = 0
-    plan = None
-    restart_s = 0.0
-    done = True
-
-    def next_wakeup_s(self) -> None:
-        return None
-
-
-def knobs_for(profile: ProfileTable, cfg: Config) -> dict[str, Any]:
-    """The strategy knobs the profiler chose for ``cfg`` (a JSON ``knobs`` column), else ``{}``."""
-    table = profile.to_arrow()
-    if "knobs" not in table.column_names:
-        return {}
-    cols = table.select(["task", "strategy", "gpus", "nodes", "knobs"]).to_pylist()
-    for row in cols:
-        if (row["task"], row["strategy"], row["gpus"], row["nodes"]) == cfg.key:
-            raw = row["knobs"]
-            if raw in (None, ""):
-                return {}
-            if isinstance(raw, Mapping):
-                return dict(raw)
-            try:
-                out = json.loads(raw)
-            except ValueError:
-                raise SaturnError(f"profile knobs for {cfg.key} are not JSON: {raw!r}") from None
-            return dict(out) if isinstance(out, Mapping) else {}
-    return {}

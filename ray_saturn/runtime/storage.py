@@ -19,8 +19,8 @@ version readable.
 Example:
     >>> import tempfile
     >>> store = RunStorage(tempfile.mkdtemp())
-    >>> store.write_json("state.json", {"ok": True})
-    >>> store.read_json("state.json")
+    >>> store.write_json("notes.json", {"ok": True})
+    >>> store.read_json("notes.json")
     {'ok': True}
 """
 

@@ -98,28 +98,28 @@ def _gantt(ax, r: SimResult, cluster: ClusterSpec | None, max_rows: int) -> None
     else:
         for rec in r.tasks:
             for s in rec.segments:
-                for n in s["nodes"]:
-                    nodes[n] = max(nodes.get(n, 0), s["gpus"] // len(s["nodes"]))
+                for n in s.nodes:
+                    nodes[n] = max(nodes.get(n, 0), s.gpus // len(s.nodes))
     per_gpu = sum(nodes.values()) <= max_rows
     base, y = {}, 0
     for n, g in nodes.items():
         base[n] = y
         y += g if per_gpu else 1
     # Segments sorted by start; each takes the lowest free GPU rows of its nodes.
-    segs = sorted(((s, rec.task) for rec in r.tasks for s in rec.segments), key=lambda x: x[0]["start_s"])
+    segs = sorted(((s, rec.task) for rec in r.tasks for s in rec.segments), key=lambda x: x[0].start_s)
     busy_until: dict[tuple[str, int], float] = {}
     cmap = _colours(len(r.tasks))
     colour = {rec.task: cmap[i % len(cmap)] for i, rec in enumerate(r.tasks)}
     for s, task in segs:
-        start, end = s["start_s"] / 3600, (s["end_s"] or s["start_s"]) / 3600
-        q = s["gpus"] // len(s["nodes"])
-        for n in s["nodes"]:
+        start, end = s.start_s / 3600, (s.end_s or s.start_s) / 3600
+        q = s.gpus // len(s.nodes)
+        for n in s.nodes:
             rows = [base[n]] if not per_gpu else _take(busy_until, n, base[n], nodes[n], q, start, end)
             for row in rows:
                 ax.broken_barh([(start, end - start)], (row, 0.9), color=colour[task], lw=0)
-                if s.get("setup_s"):
+                if s.setup_s:
                     ax.broken_barh(
-                        [(start, s["setup_s"] / 3600)], (row, 0.9), facecolor="none", edgecolor="k", hatch="///", lw=0
+                        [(start, s.setup_s / 3600)], (row, 0.9), facecolor="none", edgecolor="k", hatch="///", lw=0
                     )
     ax.set_ylim(0, max(y, 1))
     ax.set_ylabel("GPU" if per_gpu else "node")

@@ -55,6 +55,7 @@ from ray_saturn.control import (
     NodeLost,
     ReplanInput,
     ReplanPolicy,
+    Segment,
     Stop,
     TaskArrived,
     TaskFinished,
@@ -126,12 +127,12 @@ class SimConfig:
 
 @dataclass
 class TaskRecord:
-    """What really happened to one task: its segments [(strategy, gpus, nodes, start, end, setup)]."""
+    """What really happened to one task: its :class:`~ray_saturn.control.Segment` s."""
 
     task: str
     arrival_s: float
     finish_s: float | None
-    segments: list[dict] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
     state: str = "finished"
 
 
@@ -181,7 +182,7 @@ class _Run:
     step_s: float
     steps_at_start: int
     finish_s: float
-    record: dict
+    record: Segment
 
     def steps_at(self, now: float, total: int) -> int:
         ran = max(0.0, now - self.start_s - self.setup_s)
@@ -242,7 +243,7 @@ class _World:
     def execute(self, actions, now: float) -> None:
         for a in actions:
             if isinstance(a, Stop):
-                self._stop(a.task, now, checkpoint=None)
+                self._stop(a.task, now, checkpoint=None, status="stopped")
             elif isinstance(a, Launch):
                 self._launch(a, now)
             else:  # pragma: no cover - the controller only returns these two
@@ -266,14 +267,7 @@ class _World:
             raise SimulationError(f"t={now:.1f}: {a.task} launched with no steps left")
         finish = now + a.setup_s + left * step
         self.segs += 1
-        rec = {
-            "strategy": p.strategy,
-            "gpus": p.gpus,
-            "nodes": list(p.nodes),
-            "start_s": now,
-            "end_s": None,
-            "setup_s": a.setup_s,
-        }
+        rec = Segment(p, now, setup_s=a.setup_s, steps_start=done)
         self.records[a.task].segments.append(rec)
         run = _Run(a.task, self.segs, p.nodes, p.per_node, now, a.setup_s, step, done, finish, rec)
         self.running[a.task] = run
@@ -282,7 +276,7 @@ class _World:
         if k < left:
             self.push(now + a.setup_s + k * step, _PROGRESS, (a.task, run.seg))
 
-    def _stop(self, task: str, now: float, checkpoint: float | None) -> int:
+    def _stop(self, task: str, now: float, checkpoint: float | None, status: str) -> int:
         run = self.running.pop(task, None)
         if run is None:
             raise SimulationError(f"t={now:.1f}: {task} stopped but it is not running")
@@ -294,7 +288,7 @@ class _World:
         self.done[task] = steps
         for n in run.nodes:
             self.used[n] -= run.per_node
-        run.record["end_s"] = now
+        run.record.end_s, run.record.steps_end, run.record.status = now, steps, status
         return steps
 
     def report_steps(self, now: float) -> None:
@@ -332,7 +326,7 @@ class _World:
                     run = self.running.get(task)
                     if run is None or run.seg != seg:
                         continue  # stale: the segment was stopped
-                    self._stop(task, now, checkpoint=None)
+                    self._stop(task, now, checkpoint=None, status="finished")
                     if self.done[task] != self.total[task]:
                         raise SimulationError(f"{task} finished with {self.done[task]} of {self.total[task]} steps")
                     self.records[task].finish_s = now
@@ -341,7 +335,8 @@ class _World:
                     kept = {}
                     for task, run in list(self.running.items()):
                         if payload in run.nodes:
-                            kept[task] = self._stop(task, now, checkpoint=self.cfg.checkpoint_interval_s)
+                            every = self.cfg.checkpoint_interval_s
+                            kept[task] = self._stop(task, now, checkpoint=every, status="interrupted")
                     self.alive.discard(payload)
                     self._track_capacity(now)
                     evs.append(NodeLost(time_s=now, node=payload, steps_done=kept))

@@ -1,0 +1,31 @@
+"""Run defaults, defined once: the Python API, the CLI and the simulator read them from here.
+
+- :data:`POLICY`: the re-planning policy a run uses unless told otherwise.
+- :data:`CHECKPOINT_INTERVAL_S`: seconds of training between checkpoints.
+- :data:`RESTART_S`: the cost of moving a running task (stop, save, start-up,
+  load) assumed until the run has measured one (a profile with start-up and
+  checkpoint columns prices each move with its own measured figures).
+- :data:`SOLVER_TIME_LIMIT_S`: wall seconds per solver call of a run.
+- :data:`EMULATE_SOLVER_TIME_LIMIT_S`: the same for ``ray-saturn emulate``.
+
+Example:
+    >>> from ray_saturn import defaults
+    >>> defaults.POLICY
+    'saturn-replan'
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CHECKPOINT_INTERVAL_S",
+    "EMULATE_SOLVER_TIME_LIMIT_S",
+    "POLICY",
+    "RESTART_S",
+    "SOLVER_TIME_LIMIT_S",
+]
+
+POLICY = "saturn-replan"
+CHECKPOINT_INTERVAL_S = 60.0
+RESTART_S = 30.0
+SOLVER_TIME_LIMIT_S = 10.0
+EMULATE_SOLVER_TIME_LIMIT_S = 2.0

@@ -1,0 +1,130 @@
+"""Settings of a run: :class:`DriverConfig` (how the driver runs) and :class:`RunSettings`
+(what a run was asked to do, persisted in the run folder so it can be resumed).
+
+Defaults come from :mod:`ray_saturn.defaults`, the one place they are
+defined; :func:`emulation_config` gives the settings ``ray-saturn emulate``
+and :func:`ray_saturn.emulate` use (checkpoint and restart scaled to the
+time scale). :func:`check_policy` rejects an unknown policy name up front,
+before anything is profiled or started.
+
+Example:
+    >>> DriverConfig().policy
+    'saturn-replan'
+    >>> emulation_config(0.01).checkpoint_interval_s
+    100.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ray_saturn import defaults
+from ray_saturn.errors import SaturnError
+from ray_saturn.spec import check_name
+
+__all__ = ["DriverConfig", "RunSettings", "check_policy", "emulation_config"]
+
+
+def check_policy(name: str) -> str:
+    """``name`` if it is a known re-planning policy, else a one-line :class:`SaturnError`."""
+    from ray_saturn.control.replan import get_replan_policy
+
+    get_replan_policy(name)
+    return name
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    """Settings of one run. Times are driver-clock (profile) seconds unless they say wall.
+
+    ``restart_s`` is the cost of a move assumed until the run measures one;
+    ``min_replan_gap_s`` the least run time between two re-plans that no
+    finish, failure, arrival or node change asked for (0: the driver picks
+    a gap from the first plan, see :class:`~ray_saturn.control.Controller`).
+
+    Example:
+        >>> DriverConfig(policy="saturn-static").policy
+        'saturn-static'
+    """
+
+    policy: str = defaults.POLICY
+    solver_time_limit_s: float = defaults.SOLVER_TIME_LIMIT_S
+    checkpoint_interval_s: float = defaults.CHECKPOINT_INTERVAL_S
+    restart_s: float = defaults.RESTART_S
+    max_failures: int = 3
+    min_replan_gap_s: float = 0.0
+    poll_wall_s: float = 0.2
+    node_check_wall_s: float = 1.0
+    persist_wall_s: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("solver_time_limit_s", "checkpoint_interval_s", "poll_wall_s"):
+            if not getattr(self, name) > 0:
+                raise SaturnError(f"DriverConfig.{name} is {getattr(self, name)}; it must be > 0")
+        if self.restart_s < 0 or self.max_failures < 0 or self.min_replan_gap_s < 0:
+            raise SaturnError("DriverConfig.restart_s, max_failures and min_replan_gap_s must be >= 0")
+
+    def with_policy(self, policy: str | None) -> DriverConfig:
+        """This config with ``policy`` (``None``: unchanged)."""
+        if policy is None or policy == self.policy:
+            return self
+        return DriverConfig(**{**asdict(self), "policy": policy})
+
+
+def emulation_config(
+    time_scale: float,
+    *,
+    policy: str = defaults.POLICY,
+    seed: int = 0,
+    solver_time_limit_s: float = defaults.EMULATE_SOLVER_TIME_LIMIT_S,
+) -> DriverConfig:
+    """The settings of an emulated run: a checkpoint and a restart cost of one wall second each."""
+    if not time_scale > 0:
+        raise SaturnError(f"--time-scale is {time_scale}; give a factor > 0 (wall seconds per profile second)")
+    return DriverConfig(
+        policy=policy,
+        seed=seed,
+        checkpoint_interval_s=1.0 / time_scale,
+        restart_s=1.0 / time_scale,
+        solver_time_limit_s=solver_time_limit_s,
+        poll_wall_s=0.1,
+    )
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What a run was asked to do (persisted in the run folder so it can be resumed)."""
+
+    name: str
+    mode: str  # "train" or "emulate"
+    driver: DriverConfig = field(default_factory=DriverConfig)
+    time_scale: float = 1.0
+    noise: float = 0.0
+    workload: str | None = None
+    report_interval_s: float = 0.5
+    cpus_per_worker: float = 0.0
+    emulated_cluster: dict[str, int] | None = None  # {"nodes": N, "gpus_per_node": G}
+    arrivals: dict[str, float] = field(default_factory=dict)  # task -> arrival (profile s)
+
+    def __post_init__(self) -> None:
+        check_name(self.name, "run name")
+        if self.mode not in ("train", "emulate"):
+            raise SaturnError(f"run mode {self.mode!r} must be train or emulate")
+        if not self.time_scale > 0:
+            raise SaturnError(f"time scale is {self.time_scale}; it must be > 0")
+        if self.noise < 0:
+            raise SaturnError(f"noise is {self.noise}; it must be >= 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["driver"] = asdict(self.driver)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RunSettings:
+        d = dict(d)
+        d["driver"] = DriverConfig(**d.get("driver", {}))
+        return cls(**d)
