@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from ray_saturn import defaults
 from ray_saturn.context import Incumbent
 from ray_saturn.control.dispatch import Launch, PlannedTask, Stop, dispatch
 from ray_saturn.control.events import (
@@ -127,8 +128,8 @@ class Controller:
         cluster: ClusterSpec,
         policy: ReplanPolicy | str,
         *,
-        restart_s: float = 30.0,
-        solver_time_limit_s: float = 10.0,
+        restart_s: float = defaults.RESTART_S,
+        solver_time_limit_s: float = defaults.SOLVER_TIME_LIMIT_S,
         seed: int = 0,
         min_replan_gap_s: float = 0.0,
         min_replan_gap_fraction: float = 0.0,

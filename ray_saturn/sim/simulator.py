@@ -47,6 +47,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ray_saturn import defaults
 from ray_saturn.context import PlanningContext
 from ray_saturn.control import (
     Controller,
@@ -100,7 +101,7 @@ class SimConfig:
 
     noise: float = 0.0
     seed: int = 0
-    restart_s: float = 30.0
+    restart_s: float = defaults.RESTART_S
     arrivals: Mapping[str, float] | None = None
     failures: Sequence[NodeFailure] = ()
     solver_time_limit_s: float = 2.0
