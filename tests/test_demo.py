@@ -12,8 +12,8 @@ import torch
 from ray_saturn import ClusterSpec, ProfileTable
 from ray_saturn.demo import demo_tasks, plan_with_baseline, watch_progress
 from ray_saturn.report import ReportError, RunReport, gantt_png, render
-from ray_saturn.solver import build_problem, lower_bound
 from ray_saturn.runtime.journal import STATE_FILE
+from ray_saturn.solver import build_problem, lower_bound
 from ray_saturn.workloads.text import corpus, gpt_task, vocabulary
 from ray_saturn.workloads.vision import cnn_task
 

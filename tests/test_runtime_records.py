@@ -66,7 +66,7 @@ def test_controller_starts_from_steps_already_done():
     assert (launch.task, launch.steps_done) == ("t1", 30)
     assert ctl.plan.makespan_s == pytest.approx(70.0)  # the remaining 70 steps, not 100
     assert ctl.handle(TaskFinished(time_s=70.0, task="t1")) == [] and ctl.done
-    with pytest.raises(SaturnError, match="give 0..40"):
+    with pytest.raises(SaturnError, match=r"give 0\.\.40"):
         Controller(prof, ClusterSpec.uniform(1, 2), "saturn-static", steps_done={"t0": 41})
 
 
