@@ -70,6 +70,49 @@ def moldable_profile(num_tasks: int, nodes: int, gpus_per_node: int, seed: int =
     return ProfileTable.from_rows(rows), ClusterSpec.uniform(nodes, gpus_per_node)
 
 
+def llm_profile(num_tasks: int, nodes: int, gpus_per_node: int, seed: int = 0) -> tuple[ProfileTable, ClusterSpec]:
+    """Memory-limited, LLM-style tasks with five strategies (seeded).
+
+    A model of ``m`` GB on 16 GB GPUs: ``single`` and ``ddp`` need it whole on
+    each GPU; ``fsdp`` and ``pipeline`` split it over the GPUs (pipeline needs
+    at least 2); ``spill`` runs it on one GPU whatever its size, several
+    times slower. Large models therefore run on one GPU only by spilling.
+    """
+    rng = random.Random(seed)
+    rows = []
+    per_gpu_gb = 16.0
+    widths = [g for g in (1, 2, 4, 8, 16) if g <= nodes * gpus_per_node]
+    for t in range(num_tasks):
+        model_gb = rng.choice([4.0, 12.0, 24.0, 40.0, 60.0])
+        base = rng.uniform(0.2, 2.0) * model_gb / 10  # seconds a step on one GPU, were it to fit
+        steps = rng.randint(200, 2000)
+        for g in widths:
+            k = max(1, -(-g // gpus_per_node))
+            if g % k:
+                continue
+            comm = 1.0 + 0.08 * (g - 1) + (0.3 if k > 1 else 0.0)
+            fits_whole = model_gb * 4 <= per_gpu_gb * 4 and model_gb <= per_gpu_gb * 0.9
+            for strategy, ok, step in (
+                ("single", g == 1 and fits_whole, base),
+                ("ddp", g > 1 and fits_whole, base / g * comm),
+                ("fsdp", g > 1 and model_gb / g <= per_gpu_gb * 0.6, base / g * comm * 1.15),
+                ("pipeline", g > 1 and model_gb / g <= per_gpu_gb * 0.8, base / g * (1 + 0.25 * g / 4) * comm),
+                ("spill", g == 1, base * (2.5 + model_gb / 20)),
+            ):
+                rows.append(
+                    {
+                        "task": f"llm-{t}",
+                        "strategy": strategy,
+                        "gpus": g,
+                        "nodes": k,
+                        "steps": steps,
+                        "step_time_s": round(step, 6) if ok else None,
+                        "feasible": ok,
+                    }
+                )
+    return ProfileTable.from_rows(rows), ClusterSpec.uniform(nodes, gpus_per_node)
+
+
 def random_instance(seed: int, max_tasks: int = 5, max_nodes: int = 2, max_options: int = 3):
     """A seeded random (profile, cluster) with integer durations; every task fits somewhere."""
     rng = random.Random(seed)

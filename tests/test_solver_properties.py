@@ -50,3 +50,25 @@ def test_saturn_is_deterministic_for_a_seed(inst, seed):
     a = solve(profile, cluster, SaturnPolicy(deterministic=True), context=ctx, time_limit_s=0.3, seed=seed)
     b = solve(profile, cluster, SaturnPolicy(deterministic=True), context=ctx, time_limit_s=0.3, seed=seed)
     assert [x.to_dict() for x in a.assignments] == [x.to_dict() for x in b.assignments]
+
+
+@pytest.mark.parametrize(("tasks", "nodes", "gpn", "seed"), [(24, 2, 4, 0), (48, 4, 4, 1), (16, 2, 8, 2)])
+def test_optimus_beats_min_gpus_where_more_gpus_help(tasks, nodes, gpn, seed):
+    """More tasks than GPUs, memory-limited models: sharding on 2+ GPUs saves GPU-seconds over spilling on 1.
+
+    (Its allocation used to stop once the GPUs of one instant were spent, which with more tasks
+    than GPUs was before it started: the same plan as fifo-min-gpus.)
+    """
+    from helpers import llm_profile
+
+    from ray_saturn.solver.policies.optimus import optimus_choice
+
+    profile, cluster = llm_profile(tasks, nodes, gpn, seed)
+    problem = build_problem(profile, cluster)
+    fewest = problem.choose(lambda t, o: (o.gpus, o.duration_s))
+    chosen = optimus_choice(problem)
+    widened = [t for t in range(problem.num_tasks)
+               if problem.options[t][chosen[t]].gpus > problem.options[t][fewest[t]].gpus]
+    assert widened
+    optimus = solve(profile, cluster, "optimus-greedy")
+    assert optimus.makespan_s < 0.5 * solve(profile, cluster, "fifo-min-gpus").makespan_s

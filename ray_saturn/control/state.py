@@ -25,10 +25,11 @@ Example:
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from ray_saturn.stepping import steps_done_by
 
 __all__ = ["Placement", "Segment", "TaskProgress", "TaskState"]
 
@@ -203,9 +204,8 @@ class TaskProgress:
         st = self.step_time_s()
         if seg is None or st is None or st <= 0:
             return self.steps_done
-        since = now_s - max(self.reported_at_s, seg.start_s + seg.setup_s)
-        extra = math.floor(max(0.0, since) / st + 1e-9)
-        return min(self.total_steps, self.steps_done + extra)
+        since_s = max(self.reported_at_s, seg.start_s + seg.setup_s)
+        return self.steps_done + steps_done_by(now_s, since_s, st, self.total_steps - self.steps_done)
 
     def setup_left_s(self, now_s: float) -> float:
         """Restart set-up still to go at ``now_s`` (0 when not restarting)."""

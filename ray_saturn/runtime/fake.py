@@ -17,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +31,7 @@ from ray_saturn.runtime.launcher import (
 from ray_saturn.runtime.ledger import GpuLedger, Reservation
 from ray_saturn.runtime.pg_manager import NodeChanges
 from ray_saturn.spec import ClusterSpec, NodeSpec
+from ray_saturn.stepping import steps_done_by
 
 __all__ = ["FakeLauncher", "LedgerManager"]
 
@@ -107,10 +107,12 @@ class FakeLauncher(Launcher):
         return self.checkpoints.get(checkpoint_dir, 0)
 
     def _step(self, seg: _Segment, t: float) -> int:
-        run = t - seg.launched - self.launch_latency_s
-        if run < 0:
+        # step0 + 1 + i ends at launched + latency + i * step_time (as _time_of computes it)
+        first_s = seg.launched + self.launch_latency_s
+        if t < first_s:
             return seg.step0
-        return min(seg.spec.target_step, seg.step0 + 1 + (math.floor(run / seg.step_time + 1e-9)))
+        left = seg.spec.target_step - seg.step0 - 1
+        return min(seg.spec.target_step, seg.step0 + 1 + steps_done_by(t, first_s, seg.step_time, max(left, 0)))
 
     def _time_of(self, seg: _Segment, step: int) -> float:
         return seg.launched + self.launch_latency_s + (step - seg.step0 - 1) * seg.step_time

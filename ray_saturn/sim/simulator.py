@@ -68,6 +68,7 @@ from ray_saturn.plan import Plan
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.sim.workload import NodeFailure, true_step_times
 from ray_saturn.spec import ClusterSpec
+from ray_saturn.stepping import steps_done_by
 
 __all__ = [
     "SimConfig",
@@ -185,9 +186,14 @@ class _Run:
     finish_s: float
     record: Segment
 
+    @property
+    def stepping_s(self) -> float:
+        """When the first step starts (after the set-up); step i ends at ``stepping_s + i * step_s``."""
+        return self.start_s + self.setup_s
+
     def steps_at(self, now: float, total: int) -> int:
-        ran = max(0.0, now - self.start_s - self.setup_s)
-        return min(total, self.steps_at_start + math.floor(ran / self.step_s + 1e-9))
+        left = total - self.steps_at_start
+        return self.steps_at_start + steps_done_by(now, self.stepping_s, self.step_s, left)
 
 
 class _World:
@@ -266,7 +272,8 @@ class _World:
         left = self.total[a.task] - done
         if left <= 0:
             raise SimulationError(f"t={now:.1f}: {a.task} launched with no steps left")
-        finish = now + a.setup_s + left * step
+        stepping = now + a.setup_s  # == _Run.stepping_s: step i ends at stepping + i * step
+        finish = stepping + left * step
         self.segs += 1
         rec = Segment(p, now, setup_s=a.setup_s, steps_start=done)
         self.records[a.task].segments.append(rec)
@@ -275,7 +282,7 @@ class _World:
         self.push(finish, _FINISH, (a.task, run.seg))
         k = max(1, math.ceil(self.cfg.progress_fraction * left))
         if k < left:
-            self.push(now + a.setup_s + k * step, _PROGRESS, (a.task, run.seg))
+            self.push(stepping + k * step, _PROGRESS, (a.task, run.seg))
 
     def _stop(self, task: str, now: float, checkpoint: float | None, status: str) -> int:
         run = self.running.pop(task, None)
