@@ -23,7 +23,7 @@ from ray_saturn.errors import SaturnError
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.runtime.config import RunSettings
 from ray_saturn.runtime.journal import Journal
-from ray_saturn.runtime.launcher import head_node_id
+from ray_saturn.runtime.launcher import on_head_node
 from ray_saturn.runtime.records import TaskRecord
 from ray_saturn.runtime.storage import RunStorage, StorageError
 from ray_saturn.spec import ClusterSpec, Task
@@ -161,7 +161,6 @@ def start_driver(
     resume_state: Mapping[str, Any] | None = None,
 ) -> Any:
     """Start the driver actor of a run (Ray connected); returns (actor, ref to its result)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     records = None
     if resume_state:
@@ -172,7 +171,7 @@ def start_driver(
             name=driver_name(settings.name),
             namespace=DRIVER_NAMESPACE,
             # The driver runs on the head node: losing a GPU node must not take it.
-            scheduling_strategy=NodeAffinitySchedulingStrategy(head_node_id(), soft=True),
+            scheduling_strategy=on_head_node(),
         )
         .remote()
     )
