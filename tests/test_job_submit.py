@@ -1,38 +1,27 @@
 """`ray job submit` against a real head node started with `ray start --head --num-gpus=N` (token auth on).
 
-The head node runs with its own temp dir (so no other Ray user on the machine
-picks it up as "the current cluster") and is stopped by ending the `ray start
---block` process group this test started, never with a machine-wide `ray stop`.
+The head node comes from tests/ray_head.py: its own temp dir and token, readiness waited on, stopped by
+ending its own process group.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from ray_head import READY_BUDGET_S, ray_head
 
 pytestmark = pytest.mark.ray
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _small_working_dir(dest: Path) -> Path:
@@ -45,68 +34,9 @@ def _small_working_dir(dest: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def head_node():
-    temp_dir = Path(tempfile.gettempdir()) / f"rsj-{uuid.uuid4().hex[:6]}"
-    gcs_port, dash_port = _free_port(), _free_port()
-    # Token authentication on, for the head node and for the `ray job submit` client. The token is this test's
-    # own (RAY_AUTH_TOKEN), so the test neither needs nor touches ~/.ray/auth_token on a fresh machine.
-    env = {
-        **os.environ,
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN": uuid.uuid4().hex + uuid.uuid4().hex,
-    }
-    env.pop("RAY_ADDRESS", None)
-    env.pop("RAY_AUTH_TOKEN_PATH", None)
-    log = open(temp_dir.with_suffix(".log"), "w")  # noqa: SIM115 - closed in the finaliser
-    proc = subprocess.Popen(
-        [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs_port}", "--num-cpus=2", "--num-gpus=4",
-         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}", f"--temp-dir={temp_dir}",
-         "--include-dashboard=true"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    address = f"http://127.0.0.1:{dash_port}"
-    try:
-        _wait_for_job_api(proc, address, env, temp_dir.with_suffix(".log"))
-        yield address, env
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # it may have exited on its own (a failed start)
-            os.killpg(proc.pid, signal.SIGTERM)  # the process group of our own `ray start --block`
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-        log.close()
-        shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-#: How long a loaded 2-core machine may take to bring up the head node's job API (seen: > 120 s at load 11).
-READY_BUDGET_S = 300.0
-
-
-def _wait_for_job_api(proc: subprocess.Popen, address: str, env: dict, log: Path) -> None:
-    """Wait until the job API answers `ray job list` (readiness, not a fixed sleep); fail saying how long."""
-    t0 = time.monotonic()
-    last = ""
-    while time.monotonic() - t0 < READY_BUDGET_S:
-        if proc.poll() is not None:
-            raise RuntimeError(f"ray start exited with {proc.returncode}: {log.read_text()[-4000:]}")
-        try:
-            out = subprocess.run([str(BIN / "ray"), "job", "list", f"--address={address}"], env=env,
-                                 capture_output=True, text=True, timeout=60)
-        except subprocess.TimeoutExpired:
-            last = "`ray job list` did not answer within 60 s"
-            continue
-        if out.returncode == 0:
-            return
-        last = (out.stdout + out.stderr).strip().splitlines()[-1:] or [f"exit {out.returncode}"]
-        last = last[0]
-        time.sleep(2)
-    raise RuntimeError(
-        f"the head node's job API did not answer `ray job list` within {time.monotonic() - t0:.0f} s "
-        f"(budget {READY_BUDGET_S:.0f} s); last answer: {last}"
-    )
+    with ray_head(num_cpus=2, num_gpus=4) as head:
+        env = {k: v for k, v in head.env.items() if k != "RAY_ADDRESS"}  # `ray job` takes --address
+        yield head.dashboard_url, env
 
 
 def submit_and_wait(address: str, env: dict, workdir: Path, entrypoint: list[str], timeout_s: float = 400):

@@ -9,41 +9,11 @@ starts a local one.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import sys
-import uuid
 
 from ray_saturn import defaults
-from ray_saturn.errors import SpecError
-from ray_saturn.spec import Task, check_unique_names
-
-
-def load_workload(path: str) -> list[Task]:
-    """The tasks defined by a workload file (``tasks`` list or ``tasks()`` function)."""
-    if not os.path.isfile(path):
-        raise SpecError(f"{path}: no such workload file")
-    name = f"_ray_saturn_workload_{uuid.uuid4().hex[:8]}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise SpecError(f"{path}: not a Python file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        raise SpecError(
-            f"{path}: the workload failed to load ({type(exc).__name__}: {exc})"
-        ) from None
-    tasks = getattr(module, "tasks", None)
-    if callable(tasks):
-        tasks = tasks()
-    if tasks is None:
-        raise SpecError(
-            f"{path}: define a module-level `tasks` list of ray_saturn.Task (or a tasks() function)"
-        )
-    return check_unique_names(tasks)
+from ray_saturn.workload_file import load_workload
 
 
 def add_parser(sub) -> None:

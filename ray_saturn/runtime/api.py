@@ -128,7 +128,7 @@ def resume(storage: str | os.PathLike[str], tasks: Iterable[Task] | None = None)
                     f"{store.uri}: the run was started from Python; pass its tasks to "
                     "ray_saturn.resume(run_dir, tasks=...)"
                 )
-            from ray_saturn.cli.run import load_workload
+            from ray_saturn.workload_file import load_workload
 
             tasks = load_workload(settings.workload)
         task_map = {t.name: t for t in check_unique_names(tasks)}

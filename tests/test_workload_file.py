@@ -1,0 +1,159 @@
+"""Workload files: their own model classes, data functions and losses reach the Ray workers.
+
+The unit tests check the errors and that a task defined in a workload file
+unpickles in a fresh interpreter that cannot import the file (what a Ray worker
+is). The Ray test runs `ray-saturn run WORKLOAD.py` through the CLI against a
+separate Ray head, profiling included: the tasks travel to profiler trial
+actors and to Ray Train workers.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ray_saturn.errors import SpecError
+from ray_saturn.workload_file import load_workload, workload_digest
+
+BIN = Path(sys.executable).parent
+
+WORKLOAD = textwrap.dedent(
+    '''
+    """A workload with its own model class, data function and loss (nothing importable on the workers)."""
+    import torch
+    from ray_saturn import Task
+    from helper_blocks import Scale  # a helper module beside the workload file
+
+
+    class TwoLayer(torch.nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.inp = torch.nn.Linear(4, width)
+            self.out = torch.nn.Linear(width, 1)
+            self.scale = Scale(0.5)
+
+        def forward(self, x):
+            return self.out(self.scale(torch.tanh(self.inp(x))))
+
+
+    def make_data(hp):
+        g = torch.Generator().manual_seed(int(hp["seed"]))
+        return [(torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)) for _ in range(4)]
+
+
+    def my_loss(out, batch):
+        return ((out - batch[1]) ** 2).mean()
+
+
+    def sgd(params, hp):
+        return torch.optim.SGD(params, lr=hp["lr"])
+
+
+    tasks = [
+        Task(f"own-{w}", lambda hp: TwoLayer(hp["width"]), make_data, my_loss, sgd,
+             {"width": w, "lr": 0.05, "seed": 1}, max_steps=12, strategies=("single",))
+        for w in (8,)
+    ]
+    '''
+)
+
+HELPER = textwrap.dedent(
+    """
+    import torch
+
+
+    class Scale(torch.nn.Module):
+        def __init__(self, factor):
+            super().__init__()
+            self.factor = factor
+
+        def forward(self, x):
+            return x * self.factor
+    """
+)
+
+
+def write_workload(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "helper_blocks.py").write_text(HELPER)
+    path = folder / "sweep.py"
+    path.write_text(WORKLOAD)
+    return path
+
+
+def test_tasks_of_a_workload_file_unpickle_where_the_file_cannot_be_imported(tmp_path):
+    import ray.cloudpickle as cloudpickle
+
+    (task,) = load_workload(write_workload(tmp_path / "wl"))
+    blob = tmp_path / "task.pkl"
+    blob.write_bytes(cloudpickle.dumps(task))
+    # A fresh interpreter in another folder, like a Ray worker: neither sweep.py nor helper_blocks.py is importable.
+    probe = textwrap.dedent(
+        f"""
+        import pickle, sys
+        task = pickle.loads(open({str(blob)!r}, "rb").read())
+        model = task.model(task.hparams)
+        batch = list(task.data(task.hparams))[0]
+        print(type(model).__name__, float(task.loss(model(batch[0]), batch)) >= 0)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["TwoLayer", "True"]
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (None, "no such workload file"),
+        ("import nosuchmodule_xyz\n", "the workload failed to load (ModuleNotFoundError"),
+        ("def broken(:\n", "the workload failed to load (SyntaxError"),
+        ("x = 1\n", "define a module-level `tasks`"),
+        ("tasks = 3\n", "`tasks` is a int"),
+        ("def tasks():\n    raise ValueError('no GPUs for this grid')\n", "tasks() raised ValueError: no GPUs"),
+        ("tasks = []\n", "no tasks given"),
+    ],
+)
+def test_bad_workload_files_give_one_line(tmp_path, body, message):
+    path = tmp_path / "w.py"
+    if body is not None:
+        path.write_text(body)
+    with pytest.raises(SpecError) as info:
+        load_workload(path)
+    text = str(info.value)
+    assert message in text and "\n" not in text and str(path) in text
+
+
+def test_digest_names_the_bytes(tmp_path):
+    path = write_workload(tmp_path / "wl")
+    first = workload_digest(path)
+    assert first.startswith("sha256:") and first == workload_digest(path)
+    path.write_text(WORKLOAD + "\n# changed\n")
+    assert workload_digest(path) != first
+
+
+@pytest.mark.ray
+def test_cli_run_trains_a_workload_with_its_own_model_on_a_separate_head(tmp_path):
+    from ray_head import ray_head
+
+    workload = write_workload(tmp_path / "wl")
+    run_dir = tmp_path / "run"
+    with ray_head(num_cpus=2, num_gpus=1) as head:
+        out = subprocess.run(
+            [str(BIN / "ray-saturn"), "run", str(workload), "--run-dir", str(run_dir), "--json",
+             "--checkpoint-interval", "1", "--solver-time-limit", "2"],
+            cwd=tmp_path, env=head.env, capture_output=True, text=True, timeout=500,
+        )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["state"] == "finished"
+    (task,) = result["tasks"]
+    assert task["task"] == "own-8" and task["state"] == "finished" and task["steps_done"] == 12
+    from ray_saturn.strategies import latest_step
+
+    assert latest_step(str(run_dir / "tasks" / "own-8" / "checkpoints")) == 12
