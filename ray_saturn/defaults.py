@@ -7,6 +7,9 @@
   checkpoint columns prices each move with its own measured figures).
 - :data:`SOLVER_TIME_LIMIT_S`: wall seconds per solver call of a run.
 - :data:`EMULATE_SOLVER_TIME_LIMIT_S`: the same for ``ray-saturn emulate``.
+- :data:`DRIFT_REPLAN_GAP_FRACTION`: a run re-plans for drift (a task off its
+  estimate, idle GPUs) at most once per this fraction of its first plan's
+  makespan; finishes, failures, arrivals and node changes re-plan at once.
 
 Example:
     >>> from ray_saturn import defaults
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 __all__ = [
     "CHECKPOINT_INTERVAL_S",
+    "DRIFT_REPLAN_GAP_FRACTION",
     "EMULATE_SOLVER_TIME_LIMIT_S",
     "POLICY",
     "RESTART_S",
@@ -29,3 +33,4 @@ CHECKPOINT_INTERVAL_S = 60.0
 RESTART_S = 30.0
 SOLVER_TIME_LIMIT_S = 10.0
 EMULATE_SOLVER_TIME_LIMIT_S = 2.0
+DRIFT_REPLAN_GAP_FRACTION = 0.05

@@ -1,22 +1,32 @@
 """The demo: a real model-selection workload end to end on an embedded local Ray.
 
-``ray-saturn demo`` (or :func:`run_demo`) trains tiny GPT-style character
-models at two widths and two learning rates on the corpus shipped in the
-package, plus small CNNs on generated images, through the whole pipeline:
+``ray-saturn demo`` (or :func:`run_demo`) trains, through the whole pipeline,
 
-1. start a local Ray (logical GPUs on the CPU when there is no GPU, and it
-   says so);
-2. profile every task (``ray_saturn.profile``);
-3. plan with ``saturn`` and, for comparison, with the ``fifo-whole-node``
-   baseline on the same profile;
-4. execute with re-planning (``ray_saturn.run``), showing per-task progress;
-5. report: a table per task, the makespan next to the lower bound and the
-   baseline, and the run folder (plan JSON, events JSONL, checkpoints, a
-   Gantt chart PNG of planned against actual).
+- two wide GPT-style character models (two learning rates, two lengths)
+  whose model and Adam state do not fit one (logical) GPU's memory budget,
+  so ``single`` and ``ddp`` are ruled out and the planner must shard them
+  (``fsdp``), and
+- two small CNNs on generated images (two learning rates, two lengths) that
+  fit one GPU,
+
+each long enough that its training takes at least as long as its start-up:
+
+1. start a local Ray whose logical GPUs the CPU can run (one training process
+   per core, :mod:`ray_saturn.runtime.local`; it says what it chose);
+2. profile every task (``ray_saturn.profile``): step time, peak memory per
+   GPU against the budget, start-up and checkpoint costs;
+3. plan with ``saturn`` and, for comparison, with the baselines on the same
+   profile;
+4. execute with re-planning (``ray_saturn.run``, TorchTrainer segments),
+   showing per-task progress;
+5. report: a table per task with the realised run next to the plan, the
+   makespan next to the lower bound and the baselines, one line saying why
+   realised and planned differ, and the run folder (plan JSON, events JSONL,
+   checkpoints, a Gantt chart PNG of planned against actual).
 
 Example:
-    >>> [t.name for t in demo_tasks(steps=10)][:2]
-    ['gpt-w32-lr0.001', 'gpt-w32-lr0.003']
+    >>> [t.name for t in demo_tasks()]
+    ['gpt-w256-lr0.001', 'gpt-w256-lr0.003', 'cnn-c8-lr0.003', 'cnn-c8-lr0.01']
 """
 
 from __future__ import annotations
@@ -27,14 +37,14 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ray_saturn.errors import SaturnError
 from ray_saturn.plan import Plan
 from ray_saturn.profile_table import ProfileTable
-from ray_saturn.report import RunReport, gantt_png, render
+from ray_saturn.report import RunReport, explain, gantt_png, render
 from ray_saturn.runtime.journal import (
     DEMO_PROFILE_STORE,
     EVENTS_FILE,
@@ -47,12 +57,29 @@ from ray_saturn.spec import ClusterSpec, Task
 from ray_saturn.workloads.text import gpt_task
 from ray_saturn.workloads.vision import cnn_task
 
-__all__ = ["DemoError", "DemoResult", "demo_tasks", "plan_with_baseline", "run_demo", "watch_progress"]
+__all__ = [
+    "BASELINES",
+    "DEMO_MEMORY_GB",
+    "DEMO_STRATEGIES",
+    "DemoError",
+    "DemoResult",
+    "demo_tasks",
+    "plan_baselines",
+    "plan_with_baseline",
+    "run_demo",
+    "watch_progress",
+]
 
 logger = logging.getLogger(__name__)
 
 #: Strategies the demo lets the profiler try (the others need a real GPU or take long to set up).
-DEMO_STRATEGIES = ("single", "ddp")
+DEMO_STRATEGIES = ("single", "ddp", "fsdp")
+#: Memory budget per (logical) GPU, GB: the wide GPTs' model and Adam state exceed it unsharded.
+DEMO_MEMORY_GB = 0.04
+#: The baselines planned on the same profile (contract 2's strongest first).
+BASELINES = ("fifo-max-gpus", "fifo-whole-node", "fifo-min-gpus", "optimus-greedy")
+#: Steps of each demo task at scale 1 (chosen so training takes longer than start-up on 2 cores).
+_STEPS = {"gpt": (90, 120), "cnn": (2500, 3500)}
 
 
 class DemoError(SaturnError, RuntimeError):
@@ -61,24 +88,84 @@ class DemoError(SaturnError, RuntimeError):
 
 @dataclass(frozen=True)
 class DemoResult:
-    """What the demo produced: the report and where its files are."""
+    """What the demo produced: the report, where its files are, and what it chose."""
 
     report: RunReport
     run_dir: Path
     gantt: Path
     wall_s: float
     logical_gpus: bool
+    gpus_line: str = ""
+    profile: ProfileTable | None = field(default=None, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """The object ``ray-saturn demo --json`` prints."""
+        r = self.report
+        plan = r.planned.by_task() if r.planned is not None else {}
+        tasks = []
+        for t in r.tasks:
+            a = plan.get(t.task)
+            tasks.append(
+                {
+                    "task": t.task,
+                    "state": t.state,
+                    "strategy": t.strategy,
+                    "gpus": t.gpus,
+                    "start_s": None if t.start_s is None else round(t.start_s, 3),
+                    "end_s": None if t.end_s is None else round(t.end_s, 3),
+                    "final_loss": t.final_loss,
+                    "segments": len(t.segments),
+                    "planned": None if a is None else {
+                        "strategy": a.strategy, "gpus": a.gpus, "start_s": round(a.start_s, 3),
+                        "end_s": round(a.end_s, 3),
+                    },
+                }
+            )
+        return {
+            "state": r.state,
+            "planned_makespan_s": None if r.planned_makespan_s is None else round(r.planned_makespan_s, 3),
+            "realised_makespan_s": round(r.realised_makespan_s, 3),
+            "lower_bound_s": None if r.lower_bound_s is None else round(r.lower_bound_s, 3),
+            "baselines": {k: round(v, 3) for k, v in r.baselines.items()},
+            "replans": r.replans,
+            "moves": r.moves,
+            "explanation": r.explanation,
+            "gpus": self.gpus_line,
+            "tasks": tasks,
+            "run_dir": str(self.run_dir),
+            "wall_s": round(self.wall_s, 1),
+        }
 
 
-def demo_tasks(steps: int = 200) -> list[Task]:
-    """The demo's workload: 4 GPT variants (2 widths x 2 learning rates) and 2 CNNs."""
+def demo_tasks(scale: float = 1.0, *, steps: int | None = None) -> list[Task]:
+    """The demo's workload: 2 wide GPTs that need sharding and 2 small CNNs, of different lengths.
+
+    ``scale`` multiplies every task's steps; ``steps`` gives every task that many instead.
+    """
+    if not scale > 0:
+        raise DemoError(f"scale is {scale}; give a positive factor")
+
+    def n(family: str, i: int) -> int:
+        return steps if steps is not None else max(1, round(_STEPS[family][i] * scale))
+
     tasks = [
-        gpt_task(width=w, lr=lr, depth=2, heads=4, context=32, max_steps=steps, strategies=DEMO_STRATEGIES)
-        for w in (32, 64)
-        for lr in (1e-3, 3e-3)
+        gpt_task(width=256, depth=4, heads=4, context=32, batch_size=8, lr=lr, max_steps=n("gpt", i),
+                 strategies=DEMO_STRATEGIES)
+        for i, lr in enumerate((1e-3, 3e-3))
     ]
-    tasks += [cnn_task(channels=8, lr=lr, max_steps=steps, strategies=DEMO_STRATEGIES) for lr in (3e-3, 1e-2)]
+    tasks += [
+        cnn_task(channels=8, lr=lr, max_steps=n("cnn", i), strategies=DEMO_STRATEGIES)
+        for i, lr in enumerate((3e-3, 1e-2))
+    ]
     return tasks
+
+
+def plan_baselines(profile: ProfileTable, cluster: ClusterSpec, *, time_limit_s: float = 5.0) -> dict[str, Plan]:
+    """Every baseline of :data:`BASELINES` planned for ``profile`` on ``cluster``."""
+    from ray_saturn.solver import policy_names, solve
+
+    known = set(policy_names())
+    return {p: solve(profile, cluster, p, time_limit_s=time_limit_s) for p in BASELINES if p in known}
 
 
 def plan_with_baseline(
@@ -119,56 +206,57 @@ def watch_progress(
 def run_demo(
     out_dir: str | os.PathLike[str],
     *,
-    gpus: int = 4,
-    steps: int = 200,
+    gpus: int | None = None,
+    scale: float = 1.0,
+    steps: int | None = None,
     console: Any = None,
     progress: bool = True,
+    memory_gb: float = DEMO_MEMORY_GB,
 ) -> DemoResult:
     """Run the demo into ``out_dir`` on an embedded local Ray and return its report.
+
+    ``gpus``: (logical) GPUs of the local Ray (default: up to 4, at most one per core).
 
     Example:
         >>> # result = run_demo("/tmp/saturn-demo")
         >>> # result.report.realised_makespan_s, result.gantt
     """
     import ray
-    import torch
     from rich.console import Console
 
     from ray_saturn import profile as profile_fn
     from ray_saturn import run as run_fn
+    from ray_saturn.runtime.local import local_gpus, local_ray
+    from ray_saturn.solver import solve
 
     console = console or Console(width=None if sys.stdout.isatty() else 140)
-    if gpus < 1:
-        raise DemoError(f"--gpus is {gpus}; the demo needs at least 1 (logical) GPU")
     if ray.is_initialized():
         raise DemoError("Ray is already initialised in this process; the demo starts its own local Ray")
     t0 = time.monotonic()
-    logical = not torch.cuda.is_available()
-    if logical:
-        console.print(f"[bold]No GPU found[/]: using {gpus} logical GPUs on the CPU (ray.init(num_gpus={gpus})); "
-                      "every 'GPU' is a CPU process training with gloo.")
-    else:
-        gpus = min(gpus, torch.cuda.device_count())
-        console.print(f"Using {gpus} CUDA GPU(s).")
+    lg = local_gpus(gpus)
+    console.print(lg.describe())
     out = Path(out_dir).resolve()
     run_dir = out / "run"
     out.mkdir(parents=True, exist_ok=True)
-    tasks = demo_tasks(steps)
-    ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), num_gpus=gpus, include_dashboard=False,
-             log_to_driver=False)
-    try:
+    tasks = demo_tasks(scale, steps=steps)
+    with local_ray(lg):
         cluster = ClusterSpec.from_ray()
-        console.print(f"Profiling {len(tasks)} tasks ({', '.join(DEMO_STRATEGIES)}) on {cluster.total_gpus} GPUs ...")
+        console.print(f"Profiling {len(tasks)} tasks ({', '.join(DEMO_STRATEGIES)}; memory budget "
+                      f"{1000 * memory_gb:.0f} MB per GPU) on {cluster.total_gpus} GPUs ...")
         # The profile store caches measurements by performance signature: a second demo run skips them.
         store = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ray_saturn" / DEMO_PROFILE_STORE
         store.parent.mkdir(parents=True, exist_ok=True)
-        profile = profile_fn(tasks, cluster, store=str(store))
+        profile = profile_fn(tasks, cluster, store=str(store), memory_limit_gb=memory_gb, warmup=1, steps=3)
         profile.write(out / PROFILE_FILE)
-        planned, baseline = plan_with_baseline(profile, cluster)
+        planned = solve(profile, cluster, "saturn", time_limit_s=5.0)
+        baselines = plan_baselines(profile, cluster)
         (out / "planned.json").write_text(planned.to_json(indent=1))
-        (out / "baseline-fifo-whole-node.json").write_text(baseline.to_json(indent=1))
-        console.print(f"Plan: makespan {planned.makespan_s:.1f}s (lower bound {planned.lower_bound_s:.1f}s); "
-                      f"fifo-whole-node would take {baseline.makespan_s:.1f}s. Training ...")
+        for name, plan in baselines.items():
+            (out / f"baseline-{name}.json").write_text(plan.to_json(indent=1))
+        best = min(baselines.values(), key=lambda p: p.makespan_s) if baselines else None
+        console.print(f"Plan: makespan {planned.makespan_s:.1f}s (lower bound {planned.lower_bound_s:.1f}s)"
+                      + (f"; the best baseline, {best.policy}, {best.makespan_s:.1f}s" if best else "")
+                      + ". Training ...")
         stop = threading.Event()
         watcher = None
         if progress:
@@ -181,13 +269,21 @@ def run_demo(
             stop.set()
             if watcher is not None:
                 watcher.join(timeout=5)
-    finally:
-        ray.shutdown()
-    report = RunReport.from_run_dir(run_dir, planned=planned, baseline=baseline)
+    report = RunReport.from_run_dir(run_dir, planned=planned, baseline=best)
+    report = _with(report, baselines={k: v.makespan_s for k, v in baselines.items()},
+                   explanation=explain(report, profile))
     gantt = gantt_png(report, run_dir / GANTT_FILE)
     wall = time.monotonic() - t0
-    (out / "report.json").write_text(json.dumps({**report.to_dict(), "wall_s": round(wall, 1)}, indent=1))
+    result = DemoResult(report=report, run_dir=run_dir, gantt=gantt, wall_s=wall, logical_gpus=not lg.cuda,
+                        gpus_line=lg.describe(), profile=profile)
+    (out / "report.json").write_text(json.dumps(result.to_json(), indent=1))
     render(report, console)
     console.print(f"Run folder: {run_dir} ({PLAN_FILE}, {EVENTS_FILE}, checkpoints under tasks/, {GANTT_FILE}); "
                   f"wall time {wall:.0f}s")
-    return DemoResult(report=report, run_dir=run_dir, gantt=gantt, wall_s=wall, logical_gpus=logical)
+    return result
+
+
+def _with(report: RunReport, **changes: Any) -> RunReport:
+    from dataclasses import replace
+
+    return replace(report, **changes)

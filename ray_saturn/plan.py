@@ -36,7 +36,9 @@ class Assignment:
     """One task's decision: configuration, nodes, and when it holds them.
 
     ``setup_s`` is time at the start of the interval spent restarting a moved
-    task (0 for a fresh start); ``end_s - start_s = setup_s + steps x step_time_s``.
+    task (0 for a fresh start); ``end_s - start_s = setup_s + startup_s + steps
+    x step_time_s`` with the profile row's ``startup_s`` (0 for a running task
+    kept in place: it started already).
     """
 
     task: str
@@ -195,7 +197,8 @@ def validate_plan(
     Rules: every profiled task appears exactly once; its configuration is a
     feasible profile row; a k-node configuration lists k distinct nodes of
     the cluster, GPUs split evenly; ``end_s - start_s`` equals the profile
-    runtime (plus the restart set-up of a moved task); no node ever holds more
+    runtime, start-up included (plus the restart set-up of a moved task; a
+    running task kept in place has no start-up left); no node ever holds more
     than its GPUs; the makespan is the last end; the lower bound is not above
     the makespan; and, with a context, release times, node availability and
     running tasks are respected.
@@ -247,10 +250,12 @@ def validate_plan(
             expected_setup = run.restart_s
         if not _close(a.setup_s, expected_setup, tol):
             raise PlanError(f"{where}: set-up is {a.setup_s} s but must be {expected_setup} s")
-        expected = expected_setup + cfg.runtime_s
+        # A segment launched afresh pays the configuration's start-up; one kept in place started already.
+        startup = 0.0 if stays else cfg.startup_s
+        expected = expected_setup + startup + cfg.steps * cfg.step_time_s
         if not _close(a.end_s - a.start_s, expected, tol):
             raise PlanError(
-                f"{where}: runs {a.end_s - a.start_s:.6f} s but the profile says "
+                f"{where}: runs {a.end_s - a.start_s:.6f} s but the profile says start-up {startup} s + "
                 f"{cfg.steps} steps x {cfg.step_time_s} s + set-up {expected_setup} s = {expected:.6f} s"
             )
         per_node = a.gpus // len(a.nodes)

@@ -12,7 +12,17 @@ step_time_s    float > 0   seconds per optimizer step (empty if infeasible)
 steps          int >= 1    optimizer steps the task still needs
 feasible       bool        false: does not fit / failed (default true)
 peak_mem_gb    float       optional, peak memory per GPU
+startup_s      float >= 0  optional: a segment's launch to its first step
+                           (trainer start, model build), default 0
+checkpoint_save_s  float   optional, >= 0: one checkpoint save, default 0
+checkpoint_load_s  float   optional, >= 0: loading the checkpoint when a
+                           segment resumes (after a move or a failure), default 0
 =============  ==========  ==================================================
+
+A configuration runs ``startup_s + steps x step_time_s`` (:attr:`Config.runtime_s`);
+tables without the optional columns keep their old meaning (start-up 0).
+Moving a running task costs stop + ``checkpoint_save_s`` + the target's
+``startup_s`` + ``checkpoint_load_s`` (see :mod:`ray_saturn.control.replan`).
 
 Extra columns are allowed and kept. The table is Arrow-backed and reads and
 writes CSV and Parquet.
@@ -40,7 +50,7 @@ import pyarrow as pa
 from ray_saturn.errors import ProfileError, SpecError
 from ray_saturn.spec import check_name
 
-__all__ = ["COLUMNS", "Config", "ProfileTable"]
+__all__ = ["COLUMNS", "COST_COLUMNS", "Config", "ProfileTable"]
 
 #: Column name -> Arrow type, in canonical order.
 COLUMNS: dict[str, pa.DataType] = {
@@ -53,6 +63,8 @@ COLUMNS: dict[str, pa.DataType] = {
     "feasible": pa.bool_(),
     "peak_mem_gb": pa.float64(),
 }
+#: Optional per-segment costs (seconds, >= 0, default 0), kept in the canonical table when present.
+COST_COLUMNS = ("startup_s", "checkpoint_save_s", "checkpoint_load_s")
 REQUIRED = ("task", "strategy", "gpus", "step_time_s", "steps")
 _TRUE = {"true", "1", "yes", "t", "y"}
 _FALSE = {"false", "0", "no", "f", "n"}
@@ -71,6 +83,9 @@ class Config:
     feasible: bool = True
     peak_mem_gb: float | None = None
     reason: str | None = None
+    startup_s: float = 0.0
+    checkpoint_save_s: float = 0.0
+    checkpoint_load_s: float = 0.0
 
     @property
     def key(self) -> tuple[str, str, int, int]:
@@ -95,14 +110,28 @@ class Config:
         }
         if self.reason is not None:
             row["reason"] = self.reason
+        for col in COST_COLUMNS:
+            if getattr(self, col):
+                row[col] = getattr(self, col)
         return row
 
     @property
-    def runtime_s(self) -> float:
-        """steps x step_time_s: how long the task runs in this configuration."""
+    def train_s(self) -> float:
+        """steps x step_time_s: the training itself, without start-up."""
         if not self.feasible or self.step_time_s is None:
             raise ProfileError(f"configuration {self.key} is infeasible; it has no runtime")
         return self.steps * self.step_time_s
+
+    @property
+    def runtime_s(self) -> float:
+        """startup_s + steps x step_time_s: how long the task runs in this configuration from launch."""
+        return self.startup_s + self.train_s
+
+    @property
+    def move_cost_s(self) -> float:
+        """checkpoint_save_s + checkpoint_load_s: what stopping on this configuration and resuming adds
+        besides the stop itself and the new configuration's start-up."""
+        return self.checkpoint_save_s + self.checkpoint_load_s
 
 
 class ProfileTable:
@@ -324,7 +353,7 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
     if missing:
         raise ProfileError(
             f"{source}: missing column(s) {', '.join(missing)}; a profile needs "
-            f"{', '.join(REQUIRED)} (optional: nodes, feasible, peak_mem_gb)"
+            f"{', '.join(REQUIRED)} (optional: nodes, feasible, peak_mem_gb, {', '.join(COST_COLUMNS)})"
         )
     if table.num_rows == 0:
         raise ProfileError(f"{source}: the profile has no rows")
@@ -363,6 +392,12 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
         if peak is not None and peak < 0:
             raise ProfileError(f"{where}: peak_mem_gb is {peak!r}; it must be >= 0")
         reason = data["reason"][i] if "reason" in data else None
+        costs = {}
+        for col in COST_COLUMNS:
+            v = _parse_float(data[col][i], col, where) if col in data else None
+            if v is not None and (v < 0 or not math.isfinite(v)):
+                raise ProfileError(f"{where}: {col} is {v!r}; it must be a finite number of seconds >= 0")
+            costs[col] = v or 0.0
         key = (task, strategy, gpus, nodes)
         if key in seen:
             raise ProfileError(
@@ -372,7 +407,7 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
         seen[key] = i
         configs.append(
             Config(task, strategy, gpus, nodes, step_time, steps, feasible, peak,
-                   None if reason in (None, "") else str(reason))
+                   None if reason in (None, "") else str(reason), **costs)
         )
     # Canonical Arrow table: known columns with their types, extras kept as they are.
     arrays: dict[str, pa.Array] = {
@@ -385,6 +420,9 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
         "feasible": pa.array([c.feasible for c in configs], pa.bool_()),
         "peak_mem_gb": pa.array([c.peak_mem_gb for c in configs], pa.float64()),
     }
+    for col in COST_COLUMNS:
+        if col in table.column_names:
+            arrays[col] = pa.array([getattr(c, col) for c in configs], pa.float64())
     for name in table.column_names:
         if name not in arrays:
             arrays[name] = table.column(name)

@@ -33,7 +33,7 @@ from ray_saturn.plan import Plan
 from ray_saturn.runtime.journal import STATE_FILE, Journal
 from ray_saturn.runtime.storage import RunStorage, StorageError
 
-__all__ = ["ReportError", "RunReport", "Segment", "TaskOutcome", "gantt_png", "render"]
+__all__ = ["ReportError", "RunReport", "Segment", "TaskOutcome", "explain", "gantt_png", "render"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,10 @@ class RunReport:
     planned: Plan | None = None
     baseline: Plan | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: every baseline planned for the same profile: policy -> planned makespan (s)
+    baselines: dict[str, float] = field(default_factory=dict)
+    #: one line: why the realised makespan differs from the planned one (see :func:`explain`)
+    explanation: str = ""
 
     @property
     def planned_makespan_s(self) -> float | None:
@@ -158,6 +162,8 @@ class RunReport:
             "lower_bound_s": self.lower_bound_s,
             "baseline": None if self.baseline is None else
             {"policy": self.baseline.policy, "makespan_s": self.baseline.makespan_s},
+            "baselines": dict(self.baselines),
+            "explanation": self.explanation,
             "replans": self.replans,
             "moves": self.moves,
             "tasks": [
@@ -175,32 +181,89 @@ def _fmt(x: float | None, unit: str = "s", digits: int = 1) -> str:
 
 
 def render(report: RunReport, console: Any = None) -> None:
-    """Print the per-task table and the makespan summary with rich."""
+    """Print the per-task table (realised next to planned when there is a plan) and the summary."""
     from rich.console import Console
     from rich.table import Table
 
     console = console or Console()
+    plan = report.planned.by_task() if report.planned is not None else {}
     table = Table(title="ray_saturn run", show_lines=False)
-    for col, justify in (("task", "left"), ("state", "left"), ("strategy", "left"), ("GPUs", "right"),
-                         ("nodes", "left"), ("start", "right"), ("end", "right"), ("final loss", "right")):
+    cols = [("task", "left"), ("state", "left"), ("strategy", "left"), ("GPUs", "right"), ("nodes", "left")]
+    if plan:
+        cols += [("planned", "right")]
+    cols += [("start", "right"), ("end", "right"), ("final loss", "right")]
+    for col, justify in cols:
         table.add_column(col, justify=justify)
     for t in report.tasks:
         moved = f" ({len(t.segments)} segments)" if len(t.segments) > 1 else ""
-        table.add_row(t.task, t.state, (t.strategy or "-") + moved, "-" if t.gpus is None else str(t.gpus),
-                      ",".join(t.nodes) or "-", _fmt(t.start_s), _fmt(t.end_s), _fmt(t.final_loss, "", 3))
+        row = [t.task, t.state, (t.strategy or "-") + moved, "-" if t.gpus is None else str(t.gpus),
+               ",".join(t.nodes) or "-"]
+        if plan:
+            a = plan.get(t.task)
+            row.append("-" if a is None else f"{a.strategy}x{a.gpus} {a.start_s:.0f}-{a.end_s:.0f}s")
+        row += [_fmt(t.start_s), _fmt(t.end_s), _fmt(t.final_loss, "", 3)]
+        table.add_row(*row)
     console.print(table)
     lines = [f"makespan (realised)       {_fmt(report.realised_makespan_s)}"]
     if report.planned is not None:
         lines.append(f"makespan (planned)        {_fmt(report.planned_makespan_s)}  [{report.planned.policy}]")
         lines.append(f"lower bound               {_fmt(report.lower_bound_s)}")
+    for policy, makespan in sorted(report.baselines.items(), key=lambda kv: kv[1]):
+        if report.baseline is None or policy != report.baseline.policy:
+            lines.append(f"{policy + ' (planned)':<26}{_fmt(makespan)}")
     if report.baseline is not None:
         lines.append(f"{report.baseline.policy + ' (planned)':<26}{_fmt(report.baseline_makespan_s)}")
         if report.planned is not None and report.baseline_makespan_s:
             saved = 1 - report.planned_makespan_s / report.baseline_makespan_s
             lines.append(f"planned saving vs {report.baseline.policy}: {saved:.0%}")
     lines.append(f"re-plans {report.replans}, moves {report.moves}")
+    if report.explanation:
+        lines.append(report.explanation)
     for line in lines:
         console.print(line)
+
+
+def explain(report: RunReport, profile: Any) -> str:
+    """One line: realised against planned makespan, and what made them differ.
+
+    Compares every segment that ran with the profile it was planned from:
+    its start-up (launch to first step) against the row's ``startup_s`` (and
+    ``checkpoint_load_s`` when it resumed), its training time against its
+    steps x the row's step time; and counts the moves. Names the biggest
+    differences in seconds.
+    """
+    if report.planned is None or not report.planned_makespan_s:
+        return ""
+    ratio = report.realised_makespan_s / report.planned_makespan_s
+    head = f"realised {report.realised_makespan_s:.1f} s = {ratio:.2f}x planned"
+    real_up = plan_up = real_train = plan_train = 0.0
+    for t in report.tasks:
+        for s in t.segments:
+            if s.first_step_s is None:
+                continue
+            try:
+                cfg = profile.get(t.task, s.strategy, s.gpus, len(s.nodes))
+            except Exception:  # a row that is not in the profile: nothing to compare with
+                continue
+            real_up += s.first_step_s - s.start_s
+            plan_up += cfg.startup_s + (cfg.checkpoint_load_s if s.steps_start > 0 else 0.0)
+            if s.end_s is not None and s.steps_end is not None and cfg.step_time_s:
+                real_train += max(0.0, s.end_s - s.first_step_s)
+                plan_train += max(0, s.steps_end - s.steps_start - 1) * cfg.step_time_s
+    parts: list[tuple[float, str]] = []
+    if real_up or plan_up:
+        parts.append((abs(real_up - plan_up), f"start-ups took {real_up:.0f} s in all against {plan_up:.0f} s planned"))
+    if plan_train > 0:
+        parts.append(
+            (abs(real_train - plan_train), f"steps ran {real_train / plan_train:.2f}x their profiled time "
+             f"({real_train:.0f} s against {plan_train:.0f} s)")
+        )
+    if report.moves:
+        parts.append((0.0, f"{report.moves} move(s) restarted tasks"))
+    if abs(ratio - 1) <= 0.05:
+        return f"{head}: the run went as planned" + (f" ({parts[0][1]})" if parts else "")
+    parts.sort(key=lambda p: -p[0])
+    return f"{head}: " + "; ".join(p for _, p in parts[:2]) if parts else head
 
 
 def gantt_png(report: RunReport, path: str | os.PathLike[str]) -> Path:

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ray_saturn import ClusterSpec, ProfileTable
-from ray_saturn.demo import demo_tasks, plan_with_baseline, watch_progress
-from ray_saturn.report import ReportError, RunReport, gantt_png, render
+from ray_saturn.demo import DEMO_STRATEGIES, DemoResult, demo_tasks, plan_with_baseline, watch_progress
+from ray_saturn.report import ReportError, RunReport, explain, gantt_png, render
 from ray_saturn.runtime.journal import STATE_FILE
 from ray_saturn.solver import build_problem, lower_bound
 from ray_saturn.workloads.text import corpus, gpt_task, vocabulary
@@ -52,12 +52,16 @@ def test_workloads_learn(task):
     assert last < 0.85 * first, (first, last)
 
 
-def test_demo_tasks_are_two_families_with_distinct_names():
+def test_demo_tasks_are_two_families_of_different_lengths():
     tasks = demo_tasks(steps=10)
     names = [t.name for t in tasks]
-    assert len(set(names)) == len(names) == 6
+    assert len(set(names)) == len(names) == 4
     assert {n.split("-")[0] for n in names} == {"gpt", "cnn"}
     assert all(t.total_steps == 10 for t in tasks)
+    lengths = [t.total_steps for t in demo_tasks()]
+    assert len(set(lengths)) == 4, lengths
+    assert all(set(t.strategies) == set(DEMO_STRATEGIES) for t in demo_tasks())
+    assert [t.total_steps for t in demo_tasks(0.5)] == [round(n / 2) for n in lengths]
 
 
 def _profile():
@@ -135,3 +139,28 @@ def test_progress_display_follows_the_state_file(tmp_path):
     watch_progress(tmp_path, {"t0": 10, "t1": 10}, stop, Console(file=buf, width=120), interval_s=0.01)
     out = buf.getvalue()
     assert "t0 finished singlex1" in out and "10/10" in out
+
+
+def test_demo_json_has_the_fields_and_says_why_realised_differs(tmp_path):
+    (tmp_path / STATE_FILE).write_text(json.dumps(_state()))
+    prof = ProfileTable.from_rows(
+        [{"task": t, "strategy": s, "gpus": g, "step_time_s": 0.5, "steps": 10, "startup_s": 0.5}
+         for t in ("t0", "t1") for s, g in (("single", 1), ("ddp", 2))]
+    )
+    planned, baseline = plan_with_baseline(prof, ClusterSpec.uniform(1, 4), time_limit_s=1)
+    report = RunReport.from_run_dir(tmp_path, planned=planned, baseline=baseline)
+    why = explain(report, prof)
+    # Every segment started up in 1 s against 0.5 s planned: the line says so, with the ratio.
+    assert why.startswith(f"realised 12.0 s = {12.0 / planned.makespan_s:.2f}x planned")
+    assert "start-ups took 3 s in all against 2 s planned" in why
+    from dataclasses import replace
+
+    report = replace(report, baselines={"fifo-whole-node": baseline.makespan_s}, explanation=why)
+    out = DemoResult(report, tmp_path, tmp_path / "g.png", 1.0, True, "2 logical GPUs").to_json()
+    for key in ("planned_makespan_s", "realised_makespan_s", "lower_bound_s", "baselines", "replans", "moves"):
+        assert key in out, key
+    assert out["baselines"] == {"fifo-whole-node": baseline.makespan_s} and out["replans"] == 2
+    t0 = next(t for t in out["tasks"] if t["task"] == "t0")
+    assert {k: t0[k] for k in ("strategy", "gpus", "start_s", "end_s", "final_loss")} == {
+        "strategy": "single", "gpus": 1, "start_s": 0.0, "end_s": 12.0, "final_loss": 1.5}
+    assert json.loads(json.dumps(out)) == out

@@ -20,7 +20,7 @@ from ray_saturn.toy import faulty_task, mlp_task
 ray = pytest.importorskip("ray")
 
 CLUSTER = ClusterSpec.uniform(1, 2)
-FAST = {"warmup": 1, "steps": 2}
+FAST = {"warmup": 1, "steps": 2, "segment_costs": False}  # the start-up probe: tests/test_segment_costs.py
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +153,7 @@ def test_cli_profile(ray_local, tmp_path, capsys):
             "1",
             "--steps",
             "2",
+            "--no-segment-costs",
             "--json",
         ]
     )

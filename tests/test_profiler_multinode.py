@@ -13,7 +13,7 @@ from ray_saturn.toy import mlp_task
 
 ray = pytest.importorskip("ray")
 
-FAST = {"warmup": 1, "steps": 2}
+FAST = {"warmup": 1, "steps": 2, "segment_costs": False}  # the start-up probe: tests/test_segment_costs.py
 
 
 @pytest.mark.ray

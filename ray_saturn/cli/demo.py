@@ -1,33 +1,44 @@
 """``ray-saturn demo``: a real model-selection workload end to end on an embedded local Ray.
 
-Profiles, plans, trains (with re-planning) and reports 4 tiny GPT models and
-2 CNNs; on a machine without a GPU it uses logical GPUs on the CPU and says
-so. Writes the run folder under --out.
+Profiles, plans, trains (with re-planning, TorchTrainer segments) and reports
+two wide GPT models that need sharding under the demo's memory budget and two
+small CNNs; on a machine without a GPU it uses one logical GPU per CPU core
+(at most 4) and says so. Writes the run folder under --out. With --json, the
+one JSON object (planned and realised makespans, lower bound, baselines,
+re-plans, moves, tasks) goes to stdout and everything else to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="run a small model-selection workload end to end", description=__doc__)
-    p.add_argument("--gpus", type=int, default=4, help="(logical) GPUs of the embedded Ray (4)")
-    p.add_argument("--steps", type=int, default=200, help="optimizer steps per task (200)")
+    p.add_argument("--gpus", type=int, help="(logical) GPUs of the embedded Ray (default: up to 4, one per core)")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply every task's steps (1)")
     p.add_argument("--out", metavar="DIR", help="output folder (default: a new temporary folder)")
     p.add_argument("--no-progress", action="store_true", help="no live progress bars")
-    p.add_argument("--json", action="store_true", help="also print the report as one JSON object")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object (the rest to stderr)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ray_saturn.demo import run_demo
+    from rich.console import Console
 
+    from ray_saturn.demo import DemoError, run_demo
+
+    if args.gpus is not None and args.gpus < 1:
+        raise DemoError(f"--gpus is {args.gpus}; the demo needs at least 1 (logical) GPU")
+    if not args.scale > 0:
+        raise DemoError(f"--scale is {args.scale}; give a positive factor")
     out = args.out or tempfile.mkdtemp(prefix="ray-saturn-demo-")
-    result = run_demo(out, gpus=args.gpus, steps=args.steps, progress=not args.no_progress)
+    console = Console(file=sys.stderr) if args.json else None
+    result = run_demo(out, gpus=args.gpus, scale=args.scale, progress=not args.no_progress, console=console)
     if args.json:
-        print(json.dumps({**result.report.to_dict(), "wall_s": round(result.wall_s, 1)}))
+        print(json.dumps(result.to_json()))
     failed = [t.task for t in result.report.tasks if t.state != "finished"]
     return 1 if failed else 0

@@ -60,6 +60,11 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--memory-limit-gb", type=float, help="infeasible above this peak memory per GPU"
     )
+    p.add_argument(
+        "--no-segment-costs",
+        action="store_true",
+        help="leave out start-up and checkpoint costs (no trainer start-up probe; plans without start-up)",
+    )
     p.add_argument("--json", action="store_true", help="print the cost report as one JSON object")
     p.set_defaults(func=run)
 
@@ -106,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
             steps=args.steps,
             trial_timeout_s=args.trial_timeout,
             memory_limit_gb=args.memory_limit_gb,
+            segment_costs=not args.no_segment_costs,
         ).run(tasks)
     finally:
         if started:

@@ -43,8 +43,6 @@ from ray_saturn.control.events import (
 )
 from ray_saturn.control.moves import MoveDecision, decide_moves, moved_tasks
 from ray_saturn.control.replan import (
-    HORIZON_DRIFT,
-    OFF_ESTIMATE,
     ReplanInput,
     ReplanPolicy,
     ReplanView,
@@ -105,6 +103,14 @@ class Controller:
         min_replan_gap_s: re-plans closer than this to the previous one are
             deferred to a wake-up (see :meth:`next_wakeup_s`); the gap is at
             least ``min_replan_gap_fraction`` x the first plan's makespan.
+        drift_replan_gap_s: the same for re-plans that only drift asked for (a
+            task off its estimate, GPUs idle): at most one per this many
+            seconds, at least ``drift_replan_gap_fraction`` x the first plan's
+            makespan. A finish, failure, arrival or node change re-plans at
+            once (subject to ``min_replan_gap_s`` only) and takes the deferred
+            drift reasons with it.
+        min_reports: step-time reports a task needs on a configuration before
+            it is judged off its estimate (noisy measurements need a few).
         max_replan_tasks: a rolling horizon for large runs: a re-plan solves
             the running tasks and at most this many queued ones (those not yet
             planned, then the earliest planned); the others keep their planned
@@ -133,6 +139,9 @@ class Controller:
         seed: int = 0,
         min_replan_gap_s: float = 0.0,
         min_replan_gap_fraction: float = 0.0,
+        drift_replan_gap_s: float = 0.0,
+        drift_replan_gap_fraction: float = 0.0,
+        min_reports: int = 1,
         max_replan_tasks: int | None = None,
         on_plan: Callable[[Plan, ReplanInput], None] | None = None,
         max_failures: int = 3,
@@ -153,6 +162,11 @@ class Controller:
         self.seed = seed
         self._min_gap_s = min_replan_gap_s
         self._min_gap_fraction = min_replan_gap_fraction
+        self._drift_gap_s = drift_replan_gap_s
+        self._drift_gap_fraction = drift_replan_gap_fraction
+        if min_reports < 1:
+            raise SaturnError(f"min_reports is {min_reports}; give at least 1")
+        self.min_reports = int(min_reports)
         self._on_plan = on_plan
         if max_replan_tasks is not None and max_replan_tasks < 1:
             raise SaturnError(f"max_replan_tasks is {max_replan_tasks}; give at least 1 (or None for all)")
@@ -193,7 +207,7 @@ class Controller:
         self.log: list[dict] = []
         self.solver_time_s = 0.0
         self.moves = 0
-        self._pending: list[str] = []
+        self._pending: list[tuple[str, bool]] = []  # (reason, only drift asked for it)
         self._idle_seen: set[str] = set()
         self._last_replan_s: float | None = None
         self._now = 0.0
@@ -226,6 +240,19 @@ class Controller:
         return max(self._min_gap_s, self._min_gap_fraction * (self.first_makespan_s or 0.0))
 
     @property
+    def drift_replan_gap_s(self) -> float:
+        """The least time between a re-plan and one that only drift asks for."""
+        return max(
+            self.min_replan_gap_s, self._drift_gap_s, self._drift_gap_fraction * (self.first_makespan_s or 0.0)
+        )
+
+    def _gap_now(self) -> float:
+        """The gap the pending reasons must wait for."""
+        if all(drift for _, drift in self._pending):
+            return self.drift_replan_gap_s
+        return self.min_replan_gap_s
+
+    @property
     def done(self) -> bool:
         """True when every task is finished or failed."""
         return all(p.state in (TaskState.FINISHED, TaskState.FAILED) for p in self.tasks.values())
@@ -234,7 +261,7 @@ class Controller:
         """When to call :meth:`handle` with a :class:`Tick` next (``None``: no need)."""
         times = []
         if self._pending and self._last_replan_s is not None:
-            times.append(self._last_replan_s + self.min_replan_gap_s)
+            times.append(self._last_replan_s + self._gap_now())
         if self.first_makespan_s is not None and not self.done:
             t = self.policy.next_tick_s(self._tick_base_s, self.first_makespan_s)
             if t is not None:
@@ -280,7 +307,7 @@ class Controller:
     def request_replan(self, now_s: float, reason: str) -> list[Action]:
         """Re-plan at ``now_s`` for a reason only the caller knows, e.g. a better plan
         finished in the background; the minimum gap between re-plans still applies."""
-        self._pending.append(reason)
+        self._pending.append((reason, False))
         return self.handle(Tick(time_s=now_s))
 
     def report_progress(
@@ -288,9 +315,15 @@ class Controller:
     ) -> list[Action]:
         """The driver's progress report: ``steps_done`` so far, measured ``step_time_s``.
 
-        Raises a :class:`TaskOffEstimate` (and handles it) the first time the
-        measured step time is more than 10% off the plan's estimate, or off by
-        enough to move the task's end by more than 2% of the plan's makespan.
+        The task's measured step time is the mean of its last reports on its
+        configuration (at least ``min_reports`` of them). When it is off the
+        plan's estimate, beyond two standard errors of the measurement, by more
+        than the policy's ``tolerance``, or by enough to move the task's end by
+        more than ``horizon_drift`` of the plan's makespan, the measured rate
+        replaces the estimate and a :class:`TaskOffEstimate` is raised (and
+        handled): one event per drift; the next one only if the task drifts
+        again by more than the tolerance from the new estimate, judged on
+        fresh reports.
         """
         p = self.state(task)
         if p.state is not TaskState.RUNNING:
@@ -300,28 +333,32 @@ class Controller:
         p.reported_at_s = now_s
         if step_time_s is None or step_time_s <= 0:
             return []
-        p.measured_step_time_s = float(step_time_s)
+        measured, se = p.observe_step_time(float(step_time_s))
         assert p.placement is not None
         cfg = self.profile.get(task, *p.placement.config_key)
         if cfg.step_time_s:
-            p.slowdown = step_time_s / cfg.step_time_s
+            p.slowdown = measured / cfg.step_time_s
         est = p.estimate_step_time_s
-        if not est or p.flagged_off_estimate:
+        if not est or len(p.recent_step_times) < self.min_reports:
             return []
-        shift = abs(step_time_s - est) * p.remaining_steps
+        # Only the part of the deviation the measurement's noise (two standard errors) cannot explain.
+        dev = max(0.0, abs(measured - est) - 2.0 * se)
+        shift = dev * p.remaining_steps
         horizon = self.plan.makespan_s if self.plan is not None else math.inf
-        if abs(step_time_s / est - 1) > OFF_ESTIMATE or shift > HORIZON_DRIFT * horizon:
-            p.flagged_off_estimate = True
-            return self.handle(
-                TaskOffEstimate(
-                    time_s=now_s,
-                    task=task,
-                    measured_step_time_s=step_time_s,
-                    estimate_step_time_s=est,
-                    end_shift_s=shift,
-                )
+        if not self.policy.off_estimate(dev / est, shift, horizon, measured_estimate=p.estimate_measured):
+            return []
+        p.estimate_step_time_s = measured  # the measured rate replaces the estimate ...
+        p.estimate_measured = True
+        p.recent_step_times.clear()  # ... and the next drift is judged on fresh reports
+        return self.handle(
+            TaskOffEstimate(
+                time_s=now_s,
+                task=task,
+                measured_step_time_s=measured,
+                estimate_step_time_s=est,
+                end_shift_s=shift,
             )
-        return []
+        )
 
     def handle(self, *events: Event) -> list[Action]:
         """Apply ``events`` (all at the same time, in order), re-plan if needed, and return the
@@ -331,18 +368,18 @@ class Controller:
             self.log.append({"time_s": round(ev.time_s, 3), **ev.to_dict()})
             reason = self._apply(ev)
             if reason:
-                self._pending.append(reason)
+                self._pending.append((reason, isinstance(ev, TaskOffEstimate)))
         now = self._now
         actions: list[Action] = []
         if not self._pending and self._tick_due(now):
-            self._pending.append(self.policy.wants_replan(Tick(time_s=now), self._view()) or "tick")
+            self._pending.append((self.policy.wants_replan(Tick(time_s=now), self._view()) or "tick", False))
         actions.extend(self._replan_if_due(now))
         actions.extend(self._dispatch(now))
         for ev in self._idle_events(now):
             self.log.append({"time_s": round(now, 3), **ev.to_dict()})
             reason = self.policy.wants_replan(ev, self._view())
             if reason:
-                self._pending.append(reason)
+                self._pending.append((reason, True))
         if self._pending:
             actions.extend(self._replan_if_due(now))
             actions.extend(self._dispatch(now))
@@ -361,9 +398,9 @@ class Controller:
     def _replan_if_due(self, now: float) -> list[Action]:
         if not self._pending:
             return []
-        if self._last_replan_s is not None and now < self._last_replan_s + self.min_replan_gap_s - 1e-9:
+        if self._last_replan_s is not None and now < self._last_replan_s + self._gap_now() - 1e-9:
             return []  # deferred to the wake-up at the end of the gap
-        reasons, self._pending = self._pending, []
+        reasons, self._pending = [r for r, _ in self._pending], []
         return self._replan(now, reasons)
 
     def _idle_events(self, now: float) -> list[GpusIdle]:
@@ -453,7 +490,7 @@ class Controller:
             self._close(p, now, status)
         p.state = TaskState.QUEUED
         p.placement = None
-        p.measured_step_time_s = None
+        p.forget_measurements()
         self.planned.pop(p.task, None)
 
     def _input(self, now: float, movable: bool) -> ReplanInput | None:
@@ -525,7 +562,7 @@ class Controller:
             keep_inp = self._input(now, movable=False)
             assert keep_inp is not None
             keep = self._call_solver(keep_inp, max(0.1, limit / 2))
-            decisions = decide_moves(running, plan, keep.makespan_s, self.restart_s)
+            decisions = decide_moves(running, plan, keep.makespan_s, self._move_costs(running, plan))
             if not all(d.move for d in decisions):
                 plan, inp = keep, keep_inp
         solver_time = time.perf_counter() - t0
@@ -559,6 +596,16 @@ class Controller:
                 actions.append(Stop(d.task, d.reason, d.target))
         return actions
 
+    def _move_costs(self, running: Mapping[str, Placement], plan: Plan) -> dict[str, float]:
+        """Per running task the plan moves: stop + save + load (``restart_s`` and its row's
+        checkpoint columns) + the target configuration's start-up."""
+        out = {}
+        for t, target in moved_tasks(running, plan).items():
+            here = self.profile.get(t, *running[t].config_key)
+            there = self.profile.get(t, *target.config_key)
+            out[t] = self.restart_s + here.move_cost_s + there.startup_s
+        return out
+
     def _planned_from(self, a, now: float) -> PlannedTask:
         return PlannedTask(
             a.task,
@@ -589,7 +636,7 @@ class Controller:
             if p.state is TaskState.RUNNING and p.measured_step_time_s is not None:
                 # Kept in place: the new plan's estimate is the measured step time.
                 p.estimate_step_time_s = p.measured_step_time_s
-                p.flagged_off_estimate = False
+                p.estimate_measured = True
 
     def _dispatch(self, now: float) -> list[Launch]:
         queue = [self.planned[t] for t, p in self.tasks.items() if p.state is TaskState.QUEUED and t in self.planned]
@@ -598,19 +645,21 @@ class Controller:
         out = []
         for pt in dispatch(queue, self.free_gpus(), now_s=now):
             p = self.tasks[pt.task]
+            # Before its first step: the restart set-up the plan allowed and the configuration's start-up.
+            setup = pt.setup_s + self.profile.get(pt.task, *pt.placement.config_key).startup_s
             p.state = TaskState.RUNNING
             p.placement = pt.placement
-            p.reported_at_s = now + pt.setup_s
+            p.reported_at_s = now + setup
             p.estimate_step_time_s = self._plan_step_time.get(pt.task)
-            p.measured_step_time_s = None
-            p.flagged_off_estimate = False
-            p.segments.append(Segment(pt.placement, now, pt.setup_s, steps_start=p.steps_done))
+            p.estimate_measured = False
+            p.forget_measurements()
+            p.segments.append(Segment(pt.placement, now, setup, steps_start=p.steps_done))
             out.append(
                 Launch(
                     pt.task,
                     pt.placement,
                     p.steps_done,
-                    pt.setup_s,
+                    setup,
                     pt.start_s,
                     p.estimate_step_time_s,
                 )

@@ -43,8 +43,9 @@ class PlannedTask:
 class Launch:
     """Start ``task`` on ``placement`` now, resuming at ``steps_done``.
 
-    ``setup_s`` is the restart set-up the plan allowed (a moved task: load its
-    checkpoint on the new configuration); ``planned_start_s`` when the plan
+    ``setup_s`` is the time before its first step the plan allowed: the restart
+    set-up of a moved task plus the configuration's start-up (profile column
+    ``startup_s``); ``planned_start_s`` when the plan
     expected it to start; ``estimate_step_time_s`` the step time the plan
     assumed.
     """

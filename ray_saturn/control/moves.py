@@ -75,14 +75,19 @@ def decide_moves(
     running: Mapping[str, Placement],
     move_plan: Plan,
     keep_makespan_s: float,
-    restart_s: float,
+    restart_s: float | Mapping[str, float],
 ) -> list[MoveDecision]:
-    """One decision per running task that ``move_plan`` moves (empty: it moves none)."""
+    """One decision per running task that ``move_plan`` moves (empty: it moves none).
+
+    ``restart_s`` is the restart cost of a move, or per task (stop, save,
+    the target's start-up, load).
+    """
     moved = moved_tasks(running, move_plan)
     if not moved:
         return []
+    costs = {t: float(restart_s[t]) if isinstance(restart_s, Mapping) else float(restart_s) for t in moved}
     gain = keep_makespan_s - move_plan.makespan_s
-    cost = restart_s * len(moved)
+    cost = sum(costs.values())
     waiting = {t: move_plan.assignment(t).start_s for t in moved if move_plan.assignment(t).start_s > _NOW_S}
     accept = gain > cost and not waiting
     if accept:
@@ -92,4 +97,4 @@ def decide_moves(
         reason = f"the GPUs {t} would move to are not free now (it would restart {start:.1f} s later)"
     else:
         reason = f"moving {len(moved)} task(s) would gain {gain:.1f} s <= restart cost {cost:.1f} s"
-    return [MoveDecision(t, accept, running[t], p, gain, restart_s, reason) for t, p in sorted(moved.items())]
+    return [MoveDecision(t, accept, running[t], p, gain, costs[t], reason) for t, p in sorted(moved.items())]

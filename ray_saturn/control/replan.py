@@ -5,12 +5,15 @@ solver input, with times relative to now:
 
 - one profile row per original row of every task that is queued or running,
   with ``steps`` = the remaining steps and ``step_time_s`` = the measured one
-  for the configuration a task runs on (its restart set-up still to go folded
-  in), and for the other configurations the profiled time scaled by the
-  task's measured slowdown (measured / profiled on the configuration it ran);
+  for the configuration a task runs on (its set-up and start-up still to go
+  folded in), and for the other configurations the profiled time scaled by
+  the task's measured slowdown (measured / profiled on the configuration it
+  ran); start-up and checkpoint columns are kept (a segment launched on a
+  row pays its ``startup_s``);
 - the cluster of the nodes alive now;
 - a :class:`~ray_saturn.context.PlanningContext` with every running task
-  pinned where it runs, ``restart_s`` the cost of moving it, and
+  pinned where it runs, ``restart_s`` the cost of moving it besides the
+  target's start-up (the stop, plus its row's checkpoint save and load), and
   ``movable`` false when the policy does not move running tasks; and the
   plan being followed as the incumbent, so the solver starts from it.
 
@@ -44,7 +47,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ray_saturn.context import Incumbent, PlanningContext, RunningTask
 from ray_saturn.control.events import Event, GpusIdle, NodeAdded, TaskFinished, TaskOffEstimate, Tick
@@ -98,17 +101,7 @@ class ReplanInput:
 
 
 def _scaled(c: Config, steps: int, step_time: float | None) -> Config:
-    return Config(
-        c.task,
-        c.strategy,
-        c.gpus,
-        c.nodes,
-        step_time if c.feasible else None,
-        steps,
-        c.feasible,
-        c.peak_mem_gb,
-        c.reason,
-    )
+    return replace(c, step_time_s=step_time if c.feasible else None, steps=steps)
 
 
 def build_replan_input(
@@ -168,13 +161,15 @@ def build_replan_input(
         if current is not None:
             if not set(current.nodes) <= alive:
                 raise SaturnError(f"task {p.task!r} is running on a node that is gone; report NodeLost first")
+            here = profile.get(p.task, *current.config_key)
             running.append(
                 RunningTask(
                     p.task,
                     current.strategy,
                     current.gpus,
                     current.nodes,
-                    restart_s=restart_s,
+                    # stop + save + load; the target's start-up is in its row
+                    restart_s=restart_s + here.move_cost_s,
                     movable=movable and p.setup_left_s(now_s) <= 0,
                 )
             )
@@ -194,10 +189,26 @@ class ReplanPolicy(ABC):
     name: str
     solver_policy: str = "saturn"
     allows_moves: bool = False
+    #: how far off its estimate (relative) a task's measured step time may be
+    tolerance: float = OFF_ESTIMATE
+    #: how far a task's end may move, relative to the plan's horizon
+    horizon_drift: float = HORIZON_DRIFT
 
     @abstractmethod
     def wants_replan(self, event: Event, view: ReplanView) -> str | None:
         """The reason to re-plan on ``event`` (``None``: keep the plan)."""
+
+    def off_estimate(
+        self, relative_error: float, end_shift_s: float, horizon_s: float, *, measured_estimate: bool = False
+    ) -> bool:
+        """Whether a task whose measured step time is ``relative_error`` off its estimate (beyond
+        the measurement's noise), moving its end by ``end_shift_s``, is off its estimate: more than
+        ``tolerance``, or, against the plan's own estimate, by more than ``horizon_drift`` x
+        ``horizon_s``; against an estimate that is itself a measurement (``measured_estimate``)
+        only the ``tolerance`` counts. The controller raises :class:`TaskOffEstimate` then."""
+        if relative_error > self.tolerance:
+            return True
+        return not measured_estimate and end_shift_s > self.horizon_drift * horizon_s
 
     def next_tick_s(self, last_plan_s: float, first_makespan_s: float) -> float | None:
         """The next time the controller should wake up to re-plan (``None``: never)."""
@@ -235,6 +246,8 @@ class EventReplan(ReplanPolicy):
     def __init__(
         self, solver_policy: str = "saturn", tolerance: float = OFF_ESTIMATE, horizon_drift: float = HORIZON_DRIFT
     ) -> None:
+        if not tolerance > 0 or not horizon_drift > 0:
+            raise SaturnError(f"tolerance {tolerance} and horizon_drift {horizon_drift} must be > 0")
         self.solver_policy = solver_policy
         self.tolerance = tolerance
         self.horizon_drift = horizon_drift

@@ -25,13 +25,18 @@ Example:
 from __future__ import annotations
 
 import enum
+import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ray_saturn.stepping import steps_done_by
 
-__all__ = ["Placement", "Segment", "TaskProgress", "TaskState"]
+__all__ = ["RECENT_REPORTS", "Placement", "Segment", "TaskProgress", "TaskState"]
+
+#: How many recent step-time reports a task's measured step time is the mean of.
+RECENT_REPORTS = 8
 
 
 class TaskState(str, enum.Enum):
@@ -179,10 +184,29 @@ class TaskProgress:
     measured_step_time_s: float | None = None
     #: measured / profiled step time of the last measured configuration (1.0 if none yet)
     slowdown: float = 1.0
-    flagged_off_estimate: bool = False
+    #: true once the estimate is a measurement (it replaced the plan's after a drift or a re-plan)
+    estimate_measured: bool = False
+    #: the last reports' step times on the running configuration (the measurement is their mean)
+    recent_step_times: list[float] = field(default_factory=list)
     failures: int = 0
     reason: str | None = None
     segments: list[Segment] = field(default_factory=list)
+
+    def observe_step_time(self, step_time_s: float) -> tuple[float, float]:
+        """Record one reported step time; returns the measured step time (the mean of the last
+        :data:`RECENT_REPORTS` reports on this configuration) and its standard error (0 with
+        one report)."""
+        xs = self.recent_step_times
+        xs.append(step_time_s)
+        del xs[:-RECENT_REPORTS]
+        self.measured_step_time_s = statistics.fmean(xs)
+        se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0
+        return self.measured_step_time_s, se
+
+    def forget_measurements(self) -> None:
+        """A new configuration: nothing measured on it yet."""
+        self.measured_step_time_s = None
+        self.recent_step_times.clear()
 
     @property
     def remaining_steps(self) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 
 from ray_saturn.errors import ProfileError
 from ray_saturn.profiler.ladder import LadderWalk
+from ray_saturn.profiler.segment import SegmentCosts
 from ray_saturn.profiler.store import ProfileStore, StoredTrial
 from ray_saturn.profiler.trials import RunningTrial, TrialSpec, launch
 from ray_saturn.spec import ClusterSpec
@@ -70,14 +71,14 @@ class TrialPool:
         out = PoolOutcome()
         last_release = time.monotonic()
 
-        def finish(chain: LadderWalk, trial: RunningTrial, outcome, spent: float) -> None:
+        def finish(chain: LadderWalk, trial: RunningTrial, outcome, spent: float, costs=None) -> None:
             nonlocal free, last_release
             trial.release()
             last_release = time.monotonic()
             free += trial.spec.gpus
             busy.discard(id(chain))
             out.cost_gpu_s += spent
-            stored = _stored(trial.spec, outcome, spent)
+            stored = _stored(trial.spec, outcome, spent, costs)
             self.store.put(stored)
             out.measured[stored.key] = stored
             chain.advance(stored, self.min_improvement)
@@ -141,12 +142,12 @@ class TrialPool:
                 else:
                     chain, trial = running.pop(ref)
                     try:
-                        outcome = ray.get(ref)
+                        outcome, costs = ray.get(ref)
                     except Exception as exc:
                         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
                         fail(chain, trial, f"trial worker died: {first}")
                         continue
-                    finish(chain, trial, outcome, trial.gpu_seconds())
+                    finish(chain, trial, outcome, trial.gpu_seconds(), costs)
             for ref, (chain, trial) in list(waiting_pg.items()):
                 # our own running trials may hold the bundles it waits for: only time it out when
                 # none runs and none finished within the timeout (then the cluster cannot place it)
@@ -172,7 +173,7 @@ class TrialPool:
                     fail(chain, trial, f"hung: no result within {self.trial_timeout_s:g} s; killed")
 
 
-def _stored(spec: TrialSpec, outcome, spent: float) -> StoredTrial:
+def _stored(spec: TrialSpec, outcome, spent: float, costs: SegmentCosts | None = None) -> StoredTrial:
     if outcome.feasible:
         return StoredTrial(
             spec.signature,
@@ -185,6 +186,9 @@ def _stored(spec: TrialSpec, outcome, spent: float) -> StoredTrial:
             None,
             json.dumps(dict(outcome.knobs), sort_keys=True),
             spent,
+            None if costs is None else costs.setup_s,
+            None if costs is None else costs.save_s,
+            None if costs is None else costs.load_s,
         )
     return StoredTrial(
         spec.signature,

@@ -16,7 +16,12 @@ configuration, steps x step time x GPUs).
 
 The table carries, besides contract 1's columns, ``reason`` (why a row is
 infeasible), ``knobs`` (JSON, for :func:`ray_saturn.strategies.train_worker`),
-``signature``, ``cached`` and ``cost_gpu_s``.
+``signature``, ``cached`` and ``cost_gpu_s``; and, unless
+``segment_costs=False``, what a segment costs besides its steps
+(:mod:`ray_saturn.profiler.segment`): ``startup_s`` (a TorchTrainer's start
+on that many GPUs, probed once per GPU count and hardware and kept in the
+store, plus the task's model build and strategy set-up before its first
+step), ``checkpoint_save_s`` and ``checkpoint_load_s``.
 
 Example:
     >>> import ray, ray_saturn
@@ -32,7 +37,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +55,11 @@ log = logging.getLogger(__name__)
 
 
 def knobs_for(table: ProfileTable, task: str, strategy: str, gpus: int, nodes: int = 1) -> dict[str, Any]:
-    """The knob settings the profiler chose for a configuration (``{}`` if the table has none).
+    """The knob settings the profiler chose for a configuration (``{}`` if the table has no
+    ``knobs`` column or the row none); the one reader of the ``knobs`` column.
+
+    Raises :class:`ProfileError` when the configuration has no row or its knobs are not a
+    JSON object.
 
     Example:
         >>> t = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 2,
@@ -58,19 +67,27 @@ def knobs_for(table: ProfileTable, task: str, strategy: str, gpus: int, nodes: i
         >>> knobs_for(t, "a", "ddp", 2)
         {'bucket_cap_mb': 50}
     """
+    key = (task, strategy, gpus, nodes)
+    table.get(*key)  # raises, naming the configuration, when there is no such row
     arrow = table.to_arrow()
     if "knobs" not in arrow.column_names:
         return {}
-    cols = arrow.select(["task", "strategy", "gpus", "nodes", "knobs"]).to_pylist()
-    for row in cols:
-        if (row["task"], row["strategy"], row["gpus"], row["nodes"]) == (
-            task,
-            strategy,
-            gpus,
-            nodes,
-        ):
-            return json.loads(row["knobs"]) if row["knobs"] else {}
-    raise ProfileError(f"no row for task {task!r} strategy {strategy!r} with {gpus} GPU(s) on {nodes} node(s)")
+    for row in arrow.select(["task", "strategy", "gpus", "nodes", "knobs"]).to_pylist():
+        if (row["task"], row["strategy"], row["gpus"], row["nodes"]) != key:
+            continue
+        raw = row["knobs"]
+        if raw is None or raw == "":
+            return {}
+        if isinstance(raw, Mapping):
+            return dict(raw)
+        try:
+            out = json.loads(raw)
+        except (TypeError, ValueError):
+            raise ProfileError(f"{table.source}: knobs of {key} are not JSON: {str(raw)[:80]!r}") from None
+        if not isinstance(out, Mapping):
+            raise ProfileError(f"{table.source}: knobs of {key} must be a JSON object, got {str(raw)[:80]!r}")
+        return dict(out)
+    return {}
 
 
 @dataclass
@@ -121,6 +138,7 @@ class Profiler:
         min_improvement: float = 0.05,
         memory_limit_gb: float | None = None,
         max_concurrent: int | None = None,
+        segment_costs: bool = True,
     ) -> None:
         if warmup < 0 or steps < 1:
             raise SpecError(f"warmup={warmup}, steps={steps}: give warmup >= 0 and steps >= 1")
@@ -143,6 +161,7 @@ class Profiler:
         self.placement_timeout_s = float(placement_timeout_s)
         self.min_improvement = float(min_improvement)
         self.max_concurrent = max_concurrent
+        self.segment_costs = bool(segment_costs)
 
     # ------------------------------------------------------------------ planning
     def _hardware(self) -> str:
@@ -201,8 +220,12 @@ class Profiler:
             self.max_concurrent,
         )
         outcome = pool.run(list(chains.values()), cluster)
+        startup: dict[tuple[int, int], float] | None = None
+        if self.segment_costs:
+            shapes = {(t.gpus, t.nodes) for t in outcome.measured.values() if t.feasible}
+            startup = self._trainer_startup(hardware, sorted(shapes))
         self.store.flush()
-        table = self._table(tasks, sigs, outcome.measured, outcome.cached)
+        table = self._table(tasks, sigs, outcome.measured, outcome.cached, startup)
         result = ProfileResult(
             table,
             outcome.cost_gpu_s,
@@ -215,30 +238,59 @@ class Profiler:
         log.info("%s", result.summary())
         return result
 
+    def _trainer_startup(self, hardware: str, shapes: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
+        """Trainer start (``fit()`` to the loop) per (gpus, nodes): from the store, else probed now."""
+        from ray_saturn.profiler.segment import probe_trainer_startup
+
+        out = {}
+        for g, n in shapes:
+            known = self.store.startup(hardware, g, n)
+            if known is None:
+                try:
+                    probe = probe_trainer_startup(g, n)
+                except Exception as exc:
+                    raise ProfileError(
+                        f"the trainer start-up probe on {g} GPU(s) failed ({type(exc).__name__}: "
+                        f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}); "
+                        "profile with segment_costs=False to leave start-up out of the plan"
+                    ) from None
+                self.store.put_startup(hardware, g, n, probe.start_s, probe.stop_s)
+                known = (probe.start_s, probe.stop_s)
+            out[(g, n)] = known[0]
+        return out
+
     # ------------------------------------------------------------------ output
-    def _table(self, tasks, sigs, measured, cached_keys) -> ProfileTable:
+    def _table(self, tasks, sigs, measured, cached_keys, startup=None) -> ProfileTable:
         rows: list[dict[str, Any]] = []
         for task in tasks:
             sig = sigs[task.name]
             found = sorted((t for k, t in measured.items() if k[0] == sig), key=lambda t: (t.strategy, t.gpus))
+            # A trial that could not save or load (multi-node: no shared folder) takes its signature's worst.
+            save = max((t.checkpoint_save_s for t in found if t.checkpoint_save_s is not None), default=0.0)
+            load = max((t.checkpoint_load_s for t in found if t.checkpoint_load_s is not None), default=0.0)
             for t in found:
-                rows.append(
-                    {
-                        "task": task.name,
-                        "strategy": t.strategy,
-                        "gpus": t.gpus,
-                        "nodes": t.nodes,
-                        "step_time_s": t.step_time_s if t.feasible else None,
-                        "steps": task.total_steps,
-                        "feasible": t.feasible,
-                        "peak_mem_gb": t.peak_mem_gb,
-                        "reason": t.reason,
-                        "knobs": t.knobs,
-                        "signature": sig,
-                        "cached": t.key in cached_keys,
-                        "cost_gpu_s": t.cost_gpu_s,
-                    }
-                )
+                row = {
+                    "task": task.name,
+                    "strategy": t.strategy,
+                    "gpus": t.gpus,
+                    "nodes": t.nodes,
+                    "step_time_s": t.step_time_s if t.feasible else None,
+                    "steps": task.total_steps,
+                    "feasible": t.feasible,
+                    "peak_mem_gb": t.peak_mem_gb,
+                    "reason": t.reason,
+                    "knobs": t.knobs,
+                    "signature": sig,
+                    "cached": t.key in cached_keys,
+                    "cost_gpu_s": t.cost_gpu_s,
+                }
+                if startup is not None:
+                    # The cold first step is one of the task's steps: only what comes before it is start-up.
+                    setup = max(0.0, (t.setup_s or 0.0) - (t.step_time_s or 0.0)) if t.feasible else 0.0
+                    row["startup_s"] = startup.get((t.gpus, t.nodes), 0.0) + setup
+                    row["checkpoint_save_s"] = t.checkpoint_save_s if t.checkpoint_save_s is not None else save
+                    row["checkpoint_load_s"] = t.checkpoint_load_s if t.checkpoint_load_s is not None else load
+                rows.append(row)
             if not found:
                 names = ", ".join(self._strategies_for(task))
                 rows.append(
@@ -282,7 +334,8 @@ def profile(
     ``cluster`` defaults to :meth:`ClusterSpec.from_ray`; ``options`` go to
     :class:`Profiler` (``strategies``, ``store`` (Parquet cache path),
     ``warmup``, ``steps``, ``trial_timeout_s``, ``min_improvement``,
-    ``memory_limit_gb``, ...). ``output`` also writes the table (.csv or
+    ``memory_limit_gb``, ``segment_costs`` (start-up and checkpoint columns,
+    default on), ...). ``output`` also writes the table (.csv or
     .parquet). The cost is logged; use ``Profiler(...).run(tasks)`` to get it.
 
     Example:

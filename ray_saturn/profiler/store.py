@@ -1,7 +1,11 @@
 """The profile store: measured configurations cached in one Parquet file.
 
 Rows are keyed by (performance signature, strategy, gpus, nodes); a task
-whose signature is already there is not measured again.
+whose signature is already there is not measured again. Each row also keeps
+what a segment of it costs besides its steps (set-up, checkpoint save and
+load; see :mod:`ray_saturn.profiler.segment`). Trainer start-up probes,
+keyed by (hardware, gpus, nodes), are kept beside the store in a small JSON
+file (``<store>.startup.json``).
 
 Example:
     >>> import tempfile, os
@@ -13,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -39,6 +44,9 @@ class StoredTrial:
     reason: str | None
     knobs: str
     cost_gpu_s: float
+    setup_s: float | None = None
+    checkpoint_save_s: float | None = None
+    checkpoint_load_s: float | None = None
 
     @property
     def key(self) -> tuple[str, str, int, int]:
@@ -57,8 +65,13 @@ _SCHEMA = pa.schema(
         ("reason", pa.string()),
         ("knobs", pa.string()),
         ("cost_gpu_s", pa.float64()),
+        ("setup_s", pa.float64()),
+        ("checkpoint_save_s", pa.float64()),
+        ("checkpoint_load_s", pa.float64()),
     ]
 )
+#: Columns a store written before they existed may lack (read as unknown).
+_OPTIONAL = ("setup_s", "checkpoint_save_s", "checkpoint_load_s")
 
 
 class ProfileStore:
@@ -72,12 +85,36 @@ class ProfileStore:
                 table = pq.read_table(self.path)
             except (pa.ArrowInvalid, OSError) as exc:
                 raise ProfileError(f"{self.path}: not a readable profile store ({exc}); delete it") from None
-            missing = [f.name for f in _SCHEMA if f.name not in table.column_names]
+            missing = [f.name for f in _SCHEMA if f.name not in table.column_names and f.name not in _OPTIONAL]
             if missing:
                 raise ProfileError(f"{self.path}: profile store lacks column(s) {', '.join(missing)}; delete it")
-            for row in table.select(_SCHEMA.names).to_pylist():
+            names = [n for n in _SCHEMA.names if n in table.column_names]
+            for row in table.select(names).to_pylist():
                 trial = StoredTrial(**row)
                 self._rows[trial.key] = trial
+        self._startup: dict[tuple[str, int, int], tuple[float, float]] = {}
+        spath = self.startup_path
+        if spath is not None and spath.exists():
+            try:
+                for r in json.loads(spath.read_text()):
+                    self._startup[(str(r["hardware"]), int(r["gpus"]), int(r["nodes"]))] = (
+                        float(r["start_s"]),
+                        float(r["stop_s"]),
+                    )
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise ProfileError(f"{spath}: not a readable start-up store ({exc}); delete it") from None
+
+    @property
+    def startup_path(self) -> Path | None:
+        """Where the trainer start-up probes are kept: beside the store (JSON)."""
+        return None if self.path is None else self.path.with_name(self.path.stem + ".startup.json")
+
+    def startup(self, hardware: str, gpus: int, nodes: int) -> tuple[float, float] | None:
+        """A trainer start-up probe on this hardware: (start_s, stop_s), or ``None``."""
+        return self._startup.get((hardware, gpus, nodes))
+
+    def put_startup(self, hardware: str, gpus: int, nodes: int, start_s: float, stop_s: float) -> None:
+        self._startup[(hardware, gpus, nodes)] = (float(start_s), float(stop_s))
 
     def get(self, signature: str, strategy: str, gpus: int, nodes: int) -> StoredTrial | None:
         return self._rows.get((signature, strategy, gpus, nodes))
@@ -99,3 +136,11 @@ class ProfileStore:
         tmp = self.path.with_name(self.path.name + ".tmp")
         pq.write_table(table, tmp)
         os.replace(tmp, self.path)
+        if self._startup and self.startup_path is not None:
+            rows = [
+                {"hardware": h, "gpus": g, "nodes": n, "start_s": a, "stop_s": b}
+                for (h, g, n), (a, b) in sorted(self._startup.items())
+            ]
+            tmp = self.startup_path.with_name(self.startup_path.name + ".tmp")
+            tmp.write_text(json.dumps(rows, indent=1))
+            os.replace(tmp, self.startup_path)

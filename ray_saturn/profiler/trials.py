@@ -1,7 +1,9 @@
 """One profiling trial as Ray work: a placement group sized to the trial, one actor per GPU.
 
 The actors form a torch.distributed group (gloo on CPU, NCCL on CUDA) and
-run :meth:`Strategy.search` together; rank 0's result is the trial's. The
+run :meth:`Strategy.search` together, then measure what a segment of the
+chosen knobs costs besides its steps (:mod:`ray_saturn.profiler.segment`);
+rank 0's result is the trial's: ``(search result, segment costs)``. The
 placement group holds ``gpus`` GPU bundles: packed on one node, or split
 evenly over ``nodes`` nodes (one bundle per node, ``STRICT_SPREAD``).
 """
@@ -16,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ray_saturn.profiler.segment import SegmentCosts, measure_segment_costs
 from ray_saturn.spec import Task
 from ray_saturn.strategies.base import Infeasible, SearchResult
 
@@ -51,7 +54,9 @@ class _TrialWorker:
         port: int,
         measure_kw: dict[str, Any],
         timeout_s: float,
-    ) -> SearchResult | Infeasible:
+        shared_folder: bool = True,
+    ) -> tuple[SearchResult | Infeasible, SegmentCosts | None]:
+        """The knob search, then (when feasible) what a segment costs besides its steps."""
         from datetime import timedelta
 
         import torch.distributed as dist
@@ -72,9 +77,18 @@ class _TrialWorker:
                 timeout=timedelta(seconds=timeout_s),
             )
         try:
-            return get_strategy(strategy).search(task, WorkerContext.current(), **measure_kw)
+            ctx = WorkerContext.current()
+            result = get_strategy(strategy).search(task, ctx, **measure_kw)
+            costs = None
+            if result.feasible:
+                try:
+                    costs = measure_segment_costs(task, strategy, result.knobs, ctx, shared_folder=shared_folder)
+                except Exception as exc:  # the row stays feasible; its start-up is then the trainer's only
+                    log.warning("%s %s on %d GPU(s): segment costs not measured: %s", task.name, strategy, world,
+                                _describe(exc))
+            return result, costs
         except Exception as exc:
-            return Infeasible(strategy, world, _describe(exc))
+            return Infeasible(strategy, world, _describe(exc)), None
         finally:
             if world > 1 and dist.is_initialized():
                 dist.destroy_process_group()
@@ -128,7 +142,9 @@ class RunningTrial:
         endpoints = ray.get([a.endpoint.remote(spec.strategy) for a in self.actors], timeout=startup_timeout_s)
         addr, port = endpoints[0]
         refs = [
-            a.search.remote(spec.task, spec.strategy, rank, spec.gpus, addr, port, spec.measure_kw, timeout_s)
+            a.search.remote(
+                spec.task, spec.strategy, rank, spec.gpus, addr, port, spec.measure_kw, timeout_s, spec.nodes == 1
+            )
             for rank, a in enumerate(self.actors)
         ]
         self.result_ref = refs[0]

@@ -39,10 +39,12 @@ def check_policy(name: str) -> str:
 class DriverConfig:
     """Settings of one run. Times are driver-clock (profile) seconds unless they say wall.
 
-    ``restart_s`` is the cost of a move assumed until the run measures one;
-    ``min_replan_gap_s`` the least run time between two re-plans that no
-    finish, failure, arrival or node change asked for (0: the driver picks
-    a gap from the first plan, see :class:`~ray_saturn.control.Controller`).
+    ``restart_s`` is the cost of a move (besides the target's start-up)
+    assumed until the run measures one; ``min_replan_gap_s`` the least run
+    time between two re-plans; ``drift_replan_gap_s`` and
+    ``drift_replan_gap_fraction`` (of the first plan's makespan) the least
+    between a re-plan and one that only drift asked for (a task off its
+    estimate, idle GPUs); see :class:`~ray_saturn.control.Controller`.
 
     Example:
         >>> DriverConfig(policy="saturn-static").policy
@@ -55,17 +57,23 @@ class DriverConfig:
     restart_s: float = defaults.RESTART_S
     max_failures: int = 3
     min_replan_gap_s: float = 0.0
+    drift_replan_gap_s: float = 0.0
+    drift_replan_gap_fraction: float = defaults.DRIFT_REPLAN_GAP_FRACTION
+    #: step-time reports of a segment before it may be judged off its estimate (real ones are noisy)
+    min_reports: int = 3
     poll_wall_s: float = 0.2
     node_check_wall_s: float = 1.0
     persist_wall_s: float = 1.0
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("solver_time_limit_s", "checkpoint_interval_s", "poll_wall_s"):
+        for name in ("solver_time_limit_s", "checkpoint_interval_s", "poll_wall_s", "min_reports"):
             if not getattr(self, name) > 0:
                 raise SaturnError(f"DriverConfig.{name} is {getattr(self, name)}; it must be > 0")
-        if self.restart_s < 0 or self.max_failures < 0 or self.min_replan_gap_s < 0:
-            raise SaturnError("DriverConfig.restart_s, max_failures and min_replan_gap_s must be >= 0")
+        for name in ("restart_s", "max_failures", "min_replan_gap_s", "drift_replan_gap_s",
+                     "drift_replan_gap_fraction"):
+            if not getattr(self, name) >= 0:
+                raise SaturnError(f"DriverConfig.{name} is {getattr(self, name)}; it must be >= 0")
 
     def with_policy(self, policy: str | None) -> DriverConfig:
         """This config with ``policy`` (``None``: unchanged)."""

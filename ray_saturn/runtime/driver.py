@@ -263,6 +263,9 @@ class Driver:
             solver_time_limit_s=self.config.solver_time_limit_s,
             seed=self.config.seed,
             min_replan_gap_s=self.config.min_replan_gap_s,
+            drift_replan_gap_s=self.config.drift_replan_gap_s,
+            drift_replan_gap_fraction=self.config.drift_replan_gap_fraction,
+            min_reports=self.config.min_reports,
             max_failures=self.config.max_failures,
             steps_done=steps_done,
             failed=failed,
@@ -476,6 +479,7 @@ class Driver:
             checkpoint_every=every,
             knobs=knobs_for(self.profile, *cfg.key),
             step_time_s=cfg.step_time_s,
+            startup_s=cfg.startup_s,
         )
         seg = Segment(pl, self.now(), steps_start=rec.checkpointed_step, status="launching", attempt=attempt)
         rec.segments.append(seg)
@@ -529,7 +533,9 @@ class Driver:
             seg.status = "running"
         self.metrics.task_state(ev.task, "running", gpus=seg.gpus)
         latency = seg.first_step_s - seg.start_s
-        self._latencies.append(latency)
+        cfg = self.profile.get(ev.task, seg.strategy, seg.gpus, len(seg.nodes))
+        planned = cfg.startup_s + (cfg.checkpoint_load_s if seg.steps_start > 0 else 0.0)
+        self._latencies.append(max(0.0, latency - planned))
         self.log(
             {
                 "kind": "started",
@@ -655,10 +661,15 @@ class Driver:
             self.inbox.append(NodeAdded(time_s=now, node=spec))
 
     def _update_restart_cost(self) -> None:
+        """The measured cost of a move besides what the profile prices (the target's start-up,
+        checkpoint save and load): the stop (request to exit; until one is measured, half a
+        checkpoint interval, the wait for the next checkpoint) and the start-up beyond the
+        profile's (all of it for a profile without ``startup_s``)."""
         cost = statistics.median(self._latencies)
         if self._stop_costs:
             cost += statistics.median(self._stop_costs)
-        cost += 0.5 * self.config.checkpoint_interval_s  # work lost on average when a move is not at a checkpoint
+        else:
+            cost += 0.5 * self.config.checkpoint_interval_s
         self.controller.set_restart_cost(cost)
 
     # ----------------------------------------------------------- persistence

@@ -93,12 +93,17 @@ def _save(checkpoint_dir: str, step: int) -> None:
         fs.delete_file(p)
 
 
-def run_emulated_segment(spec: LaunchSpec, board: Any, wall_step_s: float, report_interval_s: float) -> dict:
-    """Body of one emulated segment (runs as a Ray task inside the reserved bundle)."""
+def run_emulated_segment(
+    spec: LaunchSpec, board: Any, wall_step_s: float, report_interval_s: float, wall_startup_s: float = 0.0
+) -> dict:
+    """Body of one emulated segment (runs as a Ray task inside the reserved bundle).
+
+    It starts up for ``wall_startup_s`` (the profile's ``startup_s``, time-scaled), then steps.
+    """
     step = latest_emulated_step(spec.checkpoint_dir)
     reporter = Reporter(board, spec.task, spec.attempt, report_interval_s)
     every = max(1, spec.checkpoint_every)
-    deadline = time.time()
+    deadline = time.time() + wall_startup_s
     chunk = max(1, int(report_interval_s / max(wall_step_s, 1e-9)))
     first = True
     try:
@@ -193,7 +198,7 @@ class EmulatedLauncher(Launcher):
             num_gpus=spec.gpus_per_node,
             scheduling_strategy=self.manager.bundle_strategy(spec.task, 0),
             name=f"saturn-emulated:{spec.task}:{spec.attempt}",
-        ).remote(spec, self.board, wall_step, self.report_interval_s)
+        ).remote(spec, self.board, wall_step, self.report_interval_s, spec.startup_s * self.time_scale)
         self._running[ref] = spec
         self._by_task[spec.task] = spec
 

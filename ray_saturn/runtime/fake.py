@@ -46,6 +46,7 @@ class _Segment:
     stop_at: float | None = None
     fail_reason: str | None = None
     fail_at_step: int | None = None
+    latency: float = 0.0
 
 
 class FakeLauncher(Launcher):
@@ -53,7 +54,7 @@ class FakeLauncher(Launcher):
 
     Args:
         true_step_time: seconds per step for a spec (default: ``spec.step_time_s``).
-        launch_latency_s: time from launch to the first step.
+        launch_latency_s: time from launch to the first step, on top of the spec's ``startup_s``.
         fail: ``fail(spec) -> reason or None``; a segment with a reason fails
             after its first step (at ``fail_after_steps``).
     """
@@ -80,7 +81,8 @@ class FakeLauncher(Launcher):
 
     def launch(self, spec: LaunchSpec) -> None:
         step0 = self.checkpoints.get(spec.checkpoint_dir, 0)
-        seg = _Segment(spec, self.clock, step0, self.true_step_time(spec))
+        latency = self.launch_latency_s + spec.startup_s
+        seg = _Segment(spec, self.clock, step0, self.true_step_time(spec), latency=latency)
         reason = self.fail(spec)
         if reason:
             seg.fail_reason = reason
@@ -108,14 +110,14 @@ class FakeLauncher(Launcher):
 
     def _step(self, seg: _Segment, t: float) -> int:
         # step0 + 1 + i ends at launched + latency + i * step_time (as _time_of computes it)
-        first_s = seg.launched + self.launch_latency_s
+        first_s = seg.launched + seg.latency
         if t < first_s:
             return seg.step0
         left = seg.spec.target_step - seg.step0 - 1
         return min(seg.spec.target_step, seg.step0 + 1 + steps_done_by(t, first_s, seg.step_time, max(left, 0)))
 
     def _time_of(self, seg: _Segment, step: int) -> float:
-        return seg.launched + self.launch_latency_s + (step - seg.step0 - 1) * seg.step_time
+        return seg.launched + seg.latency + (step - seg.step0 - 1) * seg.step_time
 
     def poll(self, timeout_s: float) -> list[LauncherEvent]:
         t_end = self.clock + max(timeout_s, 0.0)

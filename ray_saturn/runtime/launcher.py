@@ -66,6 +66,7 @@ class LaunchSpec:
     checkpoint_every: int
     knobs: dict[str, Any] = field(default_factory=dict)
     step_time_s: float | None = None  # the profile's estimate (emulation sleeps on it)
+    startup_s: float = 0.0  # the profile's launch-to-first-step (emulation sleeps it first)
 
     @property
     def gpus_per_node(self) -> int:
@@ -246,10 +247,14 @@ def board_events(rows: list[tuple]) -> list[LauncherEvent]:
 class Reporter:
     """Worker-side ``report`` callable: throttled progress to the board, stop requests back.
 
-    Called once per step with ``{"step", "loss", "step_time_s"}``; sends the
-    first call and then at most one message every ``interval_s``. When the
-    board says the segment must stop, raises :class:`StopRequested`: at once,
-    or, with ``checkpoint_every``, at the first step after a checkpoint (the
+    Called once per step with ``{"step", "loss", ...}``; sends the first call
+    and then at most one message every ``interval_s``. The step time it sends
+    is the wall-clock rate between two sends (steps done / seconds), so it
+    counts everything a step costs in the run (data, checkpoints, reports),
+    not only the optimizer step; the first ``warmup_steps`` steps of a
+    segment (allocation, first communication) are not timed. When the board
+    says the segment must stop, raises :class:`StopRequested`: at once, or,
+    with ``checkpoint_every``, at the first step after a checkpoint (the
     strategies checkpoint step ``s`` right after reporting it, so stopping at
     ``s + 1`` loses one step instead of up to a checkpoint interval).
     """
@@ -261,16 +266,19 @@ class Reporter:
         attempt: int,
         interval_s: float = 0.5,
         checkpoint_every: int | None = None,
+        warmup_steps: int = 2,
     ) -> None:
         self.board = board
         self.task = task
         self.attempt = attempt
         self.interval_s = interval_s
         self.checkpoint_every = checkpoint_every
+        self.warmup_steps = warmup_steps
         self._last = 0.0
         self._sent_first = False
         self._stopping = False
-        self._times: list[float] = []
+        self._calls = 0
+        self._mark: tuple[float, int] | None = None  # (wall, step) the next rate is measured from
 
     def _maybe_stop(self, step: int) -> None:
         if not self._stopping:
@@ -281,15 +289,19 @@ class Reporter:
     def __call__(self, metrics: dict[str, Any]) -> None:
         import ray
 
-        self._maybe_stop(int(metrics["step"]))
-        if metrics.get("step_time_s") is not None:
-            self._times.append(float(metrics["step_time_s"]))
+        step = int(metrics["step"])
+        self._maybe_stop(step)
         now = time.time()
+        self._calls += 1
+        if self._calls == self.warmup_steps or (self.warmup_steps <= 0 and self._mark is None):
+            self._mark = (now, step)
         if self._sent_first and now - self._last < self.interval_s:
             return
         kind = "progress" if self._sent_first else "started"
-        step_time = sum(self._times) / len(self._times) if self._times else None
-        self._times = []
+        step_time = None
+        if self._mark is not None and step > self._mark[1] and self._calls > self.warmup_steps:
+            step_time = (now - self._mark[0]) / (step - self._mark[1])
+            self._mark = (now, step)
         loss = metrics.get("loss")
         stop = ray.get(
             self.board.push.remote(
@@ -297,7 +309,7 @@ class Reporter:
                 self.attempt,
                 kind,
                 now,
-                int(metrics["step"]),
+                step,
                 step_time,
                 None if loss is None else float(loss),
             )
@@ -306,4 +318,4 @@ class Reporter:
         self._last = now
         if stop:
             self._stopping = True
-            self._maybe_stop(int(metrics["step"]))
+            self._maybe_stop(step)

@@ -45,7 +45,7 @@ import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ray_saturn import defaults
 from ray_saturn.context import PlanningContext
@@ -475,19 +475,7 @@ def oracle_lower_bound(profile: ProfileTable, cluster: ClusterSpec, config: SimC
     truth = true_step_times(profile, noise=config.noise, seed=config.seed)
 
     def real(c: Config) -> Config:
-        if not c.feasible:
-            return c
-        return Config(
-            c.task,
-            c.strategy,
-            c.gpus,
-            c.nodes,
-            truth[c.key],
-            c.steps,
-            True,
-            c.peak_mem_gb,
-            c.reason,
-        )
+        return replace(c, step_time_s=truth[c.key]) if c.feasible else c
 
     true_profile = profile.replace(real)
     arrivals = {t: a for t, a in (config.arrivals or {}).items() if a > 0}

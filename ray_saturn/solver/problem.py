@@ -5,8 +5,10 @@ PlanningContext are turned into what solvers work on:
 
 - ``tasks``: task names, in profile (FIFO) order;
 - ``options[t]``: the ways to run task ``t`` that fit the cluster, each an
-  :class:`Option` (configuration, duration with any restart set-up, GPUs per
-  node, node count, and, for a running task kept in place, its pinned nodes);
+  :class:`Option` (configuration, duration = any restart set-up + the
+  configuration's start-up + its steps, GPUs per node, node count, and, for
+  a running task kept in place, its pinned nodes: steps only, it started
+  already);
 - ``node_gpus``, ``node_avail``: per node, its GPUs and when it is free;
 - ``release``: per task, the earliest start.
 
@@ -315,10 +317,11 @@ def build_problem(
             if not cfg.feasible:
                 continue
             per_node = cfg.gpus // cfg.nodes
-            runtime = cfg.runtime_s
+            runtime = cfg.runtime_s  # start-up included: a segment launched on it starts afresh
             if run is not None and (cfg.strategy, cfg.gpus, cfg.nodes) == (run.strategy, run.gpus, len(run.nodes)):
+                # Kept where it runs: it started already, only its steps are left.
                 pinned = tuple(node_index[n] for n in run.nodes)
-                opts.append(Option(cfg, runtime, 0.0, cfg.nodes, per_node, pinned))
+                opts.append(Option(cfg, cfg.train_s, 0.0, cfg.nodes, per_node, pinned))
             if run is not None and not run.movable:
                 continue
             if cfg.nodes > len(node_gpus) or sorted_caps[cfg.nodes - 1] < per_node:

@@ -1,0 +1,103 @@
+"""Local mode: a Ray on this machine whose (logical) GPUs the CPU can actually run.
+
+On a machine without a GPU, Ray's logical GPUs are CPU processes training
+with gloo. More of them than the machine has cores (or more torch threads
+per process than a core each) makes every measured step time a measure of
+contention, not of the workload: the profile and the run disagree, and the
+plan with them. :func:`local_gpus` therefore caps the logical GPUs at the
+CPU cores and gives each training process ``cores // gpus`` torch threads;
+:func:`local_ray` starts Ray with them, the same for profiling and for the
+run (``OMP_NUM_THREADS`` for every worker), so profiling measures under the
+concurrency the run has. With CUDA, the GPUs are the devices.
+
+Example:
+    >>> lg = local_gpus(4, cores=2, cuda_devices=0)
+    >>> lg.gpus, lg.threads_per_worker
+    (2, 1)
+    >>> print(lg.describe()[:77])
+    No GPU found: 2 logical GPUs on the CPU (asked for 4; the machine has 2 cores
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ray_saturn.errors import SaturnError
+
+__all__ = ["LocalGpus", "local_gpus", "local_ray"]
+
+logger = logging.getLogger(__name__)
+
+#: Logical GPUs when none are asked for (capped at the cores).
+DEFAULT_LOGICAL_GPUS = 4
+
+
+@dataclass(frozen=True)
+class LocalGpus:
+    """What a local Ray gets: ``gpus`` (CUDA devices or logical ones) and torch threads per worker."""
+
+    gpus: int
+    cuda: bool
+    cores: int
+    threads_per_worker: int
+    requested: int | None = None
+
+    def describe(self) -> str:
+        """The one line a user is told about the GPUs."""
+        if self.cuda:
+            asked = f" (asked for {self.requested})" if self.requested and self.requested != self.gpus else ""
+            return f"Using {self.gpus} CUDA GPU(s){asked}."
+        asked = f"asked for {self.requested}; " if self.requested and self.requested != self.gpus else ""
+        return (
+            f"No GPU found: {self.gpus} logical GPUs on the CPU ({asked}the machine has {self.cores} cores: "
+            f"one training process per core, {self.threads_per_worker} torch thread"
+            f"{'s' if self.threads_per_worker > 1 else ''} each); every GPU is a CPU process training with gloo."
+        )
+
+
+def local_gpus(requested: int | None = None, *, cores: int | None = None, cuda_devices: int | None = None) -> LocalGpus:
+    """The GPUs a local Ray should have (see the module docstring).
+
+    ``cores`` and ``cuda_devices`` default to this machine's.
+    """
+    if requested is not None and requested < 1:
+        raise SaturnError(f"--gpus is {requested}; give at least 1 (logical) GPU")
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = max(1, int(cores))
+    if cuda_devices is None:
+        import torch
+
+        cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if cuda_devices > 0:
+        gpus = min(requested or cuda_devices, cuda_devices)
+        return LocalGpus(gpus, True, cores, max(1, cores // gpus), requested)
+    gpus = min(requested or DEFAULT_LOGICAL_GPUS, cores)
+    return LocalGpus(gpus, False, cores, max(1, cores // gpus), requested)
+
+
+@contextlib.contextmanager
+def local_ray(lg: LocalGpus, *, env: dict[str, str] | None = None) -> Iterator[None]:
+    """A fresh local Ray with ``lg``'s GPUs and threads per worker; shut down on exit."""
+    import ray
+
+    if ray.is_initialized():
+        raise SaturnError("Ray is already initialised in this process; local mode starts its own local Ray")
+    env_vars = {"OMP_NUM_THREADS": str(lg.threads_per_worker), **(env or {})}
+    ray.init(
+        address="local",
+        num_cpus=lg.cores,
+        num_gpus=lg.gpus,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+        runtime_env={"env_vars": env_vars},
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()

@@ -1,0 +1,81 @@
+"""What a segment costs besides its steps, measured by the profiler: set-up, checkpoint save and
+load in a trial's workers, and a TorchTrainer's start-up probed once per GPU count and hardware."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import ray_saturn
+from ray_saturn import ClusterSpec, ProfileError, ProfileTable
+from ray_saturn.profiler import Profiler, knobs_for
+from ray_saturn.profiler.segment import measure_segment_costs
+from ray_saturn.profiler.store import ProfileStore, StoredTrial
+from ray_saturn.strategies import WorkerContext
+from ray_saturn.toy import mlp_task
+
+
+def test_a_single_worker_measures_setup_save_and_load():
+    costs = measure_segment_costs(mlp_task("m"), "single", {}, WorkerContext(0, 1, torch.device("cpu")))
+    assert costs.setup_s > 0 and costs.save_s > 0 and costs.load_s > 0
+    none = measure_segment_costs(mlp_task("m"), "single", {}, WorkerContext(0, 1, torch.device("cpu")),
+                                 shared_folder=False)
+    assert none.setup_s > 0 and none.save_s is None and none.load_s is None
+
+
+def test_store_keeps_segment_costs_and_start_up_probes_and_reads_older_stores(tmp_path):
+    path = tmp_path / "store.parquet"
+    store = ProfileStore(path)
+    store.put(StoredTrial("sig", "ddp", 2, 1, 0.5, True, 1.0, None, "{}", 3.0, 1.5, 0.2, 0.3))
+    store.put_startup("cpu", 2, 1, 17.5, 1.0)
+    store.flush()
+    again = ProfileStore(path)
+    assert again.get("sig", "ddp", 2, 1).checkpoint_load_s == 0.3
+    assert again.startup("cpu", 2, 1) == (17.5, 1.0) and again.startup("cpu", 1, 1) is None
+    # A store written before the cost columns existed still reads (costs unknown).
+    old = pq.read_table(path).drop_columns(["setup_s", "checkpoint_save_s", "checkpoint_load_s"])
+    pq.write_table(old, path)
+    assert ProfileStore(path).get("sig", "ddp", 2, 1).setup_s is None
+    Path(again.startup_path).write_text("not json")
+    with pytest.raises(ProfileError, match="start-up store"):
+        ProfileStore(path)
+
+
+def test_knobs_for_is_the_one_reader_of_the_knobs_column():
+    good = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 2, "step_time_s": 1.0, "steps": 1,
+                                    "knobs": '{"bucket_cap_mb": 25}'}])
+    assert knobs_for(good, "a", "ddp", 2) == {"bucket_cap_mb": 25}
+    bad = ProfileTable(pa.table({"task": ["a"], "strategy": ["ddp"], "gpus": [2], "step_time_s": [1.0],
+                                 "steps": [1], "knobs": ["{oops"]}))
+    with pytest.raises(ProfileError, match="not JSON"):
+        knobs_for(bad, "a", "ddp", 2)
+    plain = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 2, "step_time_s": 1.0, "steps": 1}])
+    assert knobs_for(plain, "a", "ddp", 2) == {}
+
+
+@pytest.mark.ray
+def test_profile_has_start_up_and_checkpoint_columns(tmp_path):
+    ray = pytest.importorskip("ray")
+    root = str(Path(ray_saturn.__file__).resolve().parents[1])
+    ray.init(address="local", num_gpus=1, num_cpus=1, include_dashboard=False,
+             runtime_env={"env_vars": {"PYTHONPATH": root}})
+    try:
+        store = str(tmp_path / "store.parquet")
+        kw = {"strategies": ["single"], "warmup": 1, "steps": 2, "store": store}
+        table = Profiler(ClusterSpec.from_ray(), **kw).run([mlp_task("m")]).table
+        row = table.get("m", "single", 1)
+        # Ray Train's start (seconds on any machine) plus the model's set-up; a save and a load.
+        assert row.startup_s > 1.0 and row.checkpoint_save_s > 0 and row.checkpoint_load_s > 0
+        assert row.runtime_s == pytest.approx(row.startup_s + row.steps * row.step_time_s)
+        # The probe is kept in the store: a second profile of another task skips it.
+        t0 = time.monotonic()
+        again = Profiler(ClusterSpec.from_ray(), **kw).run([mlp_task("n", width=48)]).table
+        assert time.monotonic() - t0 < row.startup_s + 30
+        assert again.get("n", "single", 1).startup_s > 1.0
+    finally:
+        ray.shutdown()

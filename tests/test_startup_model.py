@@ -1,0 +1,155 @@
+"""Start-up and restart costs in the model: profile columns, plans, validator, bound, moves,
+and the re-planning rules that keep a run from re-planning on every report."""
+
+from __future__ import annotations
+
+import pytest
+
+from ray_saturn import ClusterSpec, PlanError, ProfileError, ProfileTable, validate_plan
+from ray_saturn.context import PlanningContext, RunningTask
+from ray_saturn.control import Controller, EventReplan, TaskFinished, TaskState, get_replan_policy
+from ray_saturn.plan import Assignment, Plan
+from ray_saturn.runtime.config import DriverConfig
+from ray_saturn.runtime.driver import Driver
+from ray_saturn.runtime.fake import FakeLauncher, LedgerManager
+from ray_saturn.runtime.storage import RunStorage
+from ray_saturn.solver import build_problem, lower_bound, solve
+
+
+def _table(startup=True):
+    rows = []
+    for task, steps in (("a", 100), ("b", 60), ("c", 30)):
+        for gpus, st in ((1, 1.0), (2, 0.6)):
+            row = {"task": task, "strategy": "ddp", "gpus": gpus, "step_time_s": st, "steps": steps}
+            if startup:
+                row.update(startup_s=10.0 + 5 * gpus, checkpoint_save_s=1.0, checkpoint_load_s=2.0)
+            rows.append(row)
+    return ProfileTable.from_rows(rows)
+
+
+def test_cost_columns_are_optional_and_checked(tmp_path):
+    old = _table(startup=False)
+    c = old.get("a", "ddp", 2)
+    assert (c.startup_s, c.checkpoint_save_s, c.checkpoint_load_s) == (0.0, 0.0, 0.0)
+    assert c.runtime_s == pytest.approx(60.0)  # old tables keep their meaning
+    new = _table()
+    c = new.get("a", "ddp", 2)
+    assert c.runtime_s == pytest.approx(20.0 + 60.0) and c.train_s == pytest.approx(60.0)
+    assert c.move_cost_s == pytest.approx(3.0)
+    again = ProfileTable.read(new.write(tmp_path / "p.csv"))
+    assert again.get("a", "ddp", 2) == c
+    with pytest.raises(ProfileError, match=r"startup_s is -1\.0; it must be a finite number of seconds >= 0"):
+        ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 1, "step_time_s": 1, "steps": 1,
+                                 "startup_s": -1}])
+
+
+@pytest.mark.parametrize("policy", ["saturn", "fifo-whole-node", "fifo-min-gpus"])
+def test_plans_include_start_up_and_the_bound_holds(policy):
+    prof, cluster = _table(), ClusterSpec.uniform(1, 2)
+    plan = solve(prof, cluster, policy, time_limit_s=2)
+    for a in plan.assignments:
+        cfg = prof.get(a.task, a.strategy, a.gpus, len(a.nodes))
+        assert a.end_s - a.start_s == pytest.approx(cfg.startup_s + cfg.steps * cfg.step_time_s)
+    bound = lower_bound(build_problem(prof, cluster))
+    # Each task's least work includes its start-up: the length bound is the longest task's fastest run.
+    assert bound.length == pytest.approx(max(min(c.runtime_s for c in prof.configs(t)) for t in prof.tasks))
+    assert plan.lower_bound_s <= plan.makespan_s + 1e-9
+
+
+def test_validator_rejects_a_plan_without_start_up():
+    prof, cluster = _table(), ClusterSpec.uniform(1, 2)
+    plan = solve(prof, cluster, "fifo-min-gpus", time_limit_s=1)
+    short = [Assignment(a.task, a.strategy, a.gpus, a.nodes, a.start_s, a.end_s - 11.0, a.setup_s)
+             for a in plan.assignments]
+    bad = Plan(plan.policy, max(a.end_s for a in short), 0.0, 0.0, "feasible", short)
+    with pytest.raises(PlanError, match=r"the profile says start-up 15\.0 s"):
+        validate_plan(bad, prof, cluster)
+
+
+def test_a_running_task_kept_in_place_has_no_start_up_left_and_a_move_pays_it():
+    prof = _table()
+    ctx = PlanningContext(running=(RunningTask("a", "ddp", 1, ("node-0",), restart_s=7.0),))
+    problem = build_problem(prof, ClusterSpec.uniform(1, 2), ctx, prune=False)
+    opts = problem.options[0]
+    pinned = [o for o in opts if o.pinned]
+    moved = [o for o in opts if not o.pinned and o.gpus == 2]
+    assert pinned[0].duration_s == pytest.approx(100.0)
+    assert moved[0].duration_s == pytest.approx(7.0 + 20.0 + 60.0)
+
+
+def test_controller_prices_moves_with_start_up_save_and_load():
+    prof = _table()
+    ctl = Controller(prof, ClusterSpec.uniform(1, 2), "saturn-replan", restart_s=4.0, solver_time_limit_s=1)
+    launches = ctl.start(0.0)
+    running = {a.task: a.placement for a in launches}
+    for a in launches:
+        cfg = prof.get(a.task, *a.placement.config_key)
+        assert a.setup_s == pytest.approx(cfg.startup_s)  # the segment's set-up is its start-up
+        assert ctl.state(a.task).setup_left_s(0.0) == pytest.approx(cfg.startup_s)
+    inp = ctl._input(30.0, movable=True)
+    for r in inp.context.running:
+        assert r.restart_s == pytest.approx(4.0 + 3.0)  # stop + save + load; the target's start-up is its row's
+    assert running
+
+
+def test_one_event_per_drift_and_the_tolerance_decides():
+    prof = ProfileTable.from_rows(
+        [{"task": t, "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 1000} for t in "ab"]
+    )
+    ctl = Controller(prof, ClusterSpec.uniform(1, 2), "saturn-replan", solver_time_limit_s=1, restart_s=1e6)
+    ctl.start(0.0)
+    # 30% slow, reported 20 times: one re-plan; the measured rate replaces the estimate.
+    for i in range(1, 21):
+        ctl.report_progress("a", 10 * i, 13.0 * i, step_time_s=1.3)
+    assert len(ctl.replans) == 2 and ctl.state("a").estimate_step_time_s == pytest.approx(1.3)
+    # It drifts again, by more than the tolerance from the new estimate: one more.
+    for i in range(21, 41):
+        ctl.report_progress("a", 10 * i, 13.0 * i, step_time_s=1.7)
+    assert len(ctl.replans) == 3
+    loose = Controller(prof, ClusterSpec.uniform(1, 2), EventReplan(tolerance=0.5, horizon_drift=1.0),
+                       solver_time_limit_s=1)
+    loose.start(0.0)
+    for i in range(1, 21):
+        loose.report_progress("a", 10 * i, 13.0 * i, step_time_s=1.3)
+    assert len(loose.replans) == 1  # 30% is within a 50% tolerance
+    assert get_replan_policy("saturn-replan", tolerance=0.25).tolerance == 0.25
+
+
+def test_noisy_reports_do_not_cause_a_replan_storm():
+    prof = ProfileTable.from_rows(
+        [{"task": t, "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 1000} for t in "ab"]
+    )
+    ctl = Controller(prof, ClusterSpec.uniform(1, 2), "saturn-replan", solver_time_limit_s=1, restart_s=1e6,
+                     min_reports=DriverConfig().min_reports)
+    ctl.start(0.0)
+    noise = [1.25, 0.8, 1.2, 0.85, 1.3, 0.75, 1.1, 0.9, 1.25, 0.8] * 5  # +-25% around the estimate
+    for i, f in enumerate(noise, 1):
+        ctl.report_progress("a", 10 * i, 10.0 * i, step_time_s=f)
+    assert len(ctl.replans) == 1, [r.reasons for r in ctl.replans]
+
+
+def test_drift_replans_are_rate_bounded_but_finishes_are_not():
+    prof = ProfileTable.from_rows(
+        [{"task": t, "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 100} for t in "abc"]
+    )
+    ctl = Controller(prof, ClusterSpec.uniform(1, 3), "saturn-replan", solver_time_limit_s=1, restart_s=1e6,
+                     drift_replan_gap_s=50.0)
+    ctl.start(0.0)
+    ctl.report_progress("a", 5, 10.0, step_time_s=2.0)  # drift: deferred (the first plan was at 0)
+    assert len(ctl.replans) == 1 and ctl.next_wakeup_s() == pytest.approx(50.0)
+    ctl.report_progress("b", 5, 12.0, step_time_s=2.0)
+    assert len(ctl.replans) == 1
+    ctl.handle(TaskFinished(time_s=20.0, task="c"))  # a finish re-plans at once, taking the drift along
+    assert len(ctl.replans) == 2 and len(ctl.replans[-1].reasons) >= 2
+    assert ctl.state("c").state is TaskState.FINISHED
+
+
+def test_fake_run_with_start_up_realises_its_plan(tmp_path):
+    prof = _table()
+    cfg = DriverConfig(solver_time_limit_s=1.0, checkpoint_interval_s=10.0, poll_wall_s=2.0, node_check_wall_s=0.0)
+    d = Driver(prof, LedgerManager(ClusterSpec.uniform(1, 2)), FakeLauncher(launch_latency_s=0.0),
+               RunStorage(tmp_path), cfg)
+    result = d.run(max_steps=10_000)
+    assert result.state == "finished"
+    assert result.realised_makespan_s == pytest.approx(result.planned_makespan_s, rel=0.05)
+    assert result.replans <= 2 * len(prof.tasks)
