@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ray_saturn.checkpoint import (
+from ray_saturn.strategies import WorkerContext, get_strategy, train_worker
+from ray_saturn.strategies.checkpoint import (
     CheckpointError,
     checkpoint_path,
     latest_checkpoint,
@@ -20,7 +21,6 @@ from ray_saturn.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from ray_saturn.strategies import WorkerContext, get_strategy, train_worker
 from ray_saturn.strategies.introspect import build_model
 from ray_saturn.toy import mlp_task
 
@@ -49,7 +49,7 @@ def state(task, d):
 
 CRASH = {
     # dies after the tensors are written, before the record and the rename
-    "before-commit": "ray_saturn.checkpoint.json.dump = lambda *a, **k: os._exit(3)",
+    "before-commit": "ray_saturn.strategies.checkpoint.RunStorage.write_json = lambda *a, **k: os._exit(3)",
     # dies in the middle of DCP writing the tensor files
     "mid-tensors": (
         "import torch.distributed.checkpoint as dcp\ndcp.FileSystemWriter.write_data = lambda *a, **k: os._exit(3)"
@@ -63,7 +63,7 @@ def test_crash_mid_write_keeps_the_previous_checkpoint(tmp_path, where):
     script = (
         textwrap.dedent(f"""
         import os, sys
-        import ray_saturn.checkpoint
+        import ray_saturn.strategies.checkpoint
         from ray_saturn.strategies import train_worker
         from ray_saturn.toy import mlp_task
         t = mlp_task(batches=3)
@@ -88,7 +88,7 @@ def test_crash_mid_write_keeps_the_previous_checkpoint(tmp_path, where):
     )
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert latest_step(d) == 4
-    assert (d / ".tmp-step-000000006").exists()  # the interrupted write is there, uncommitted
+    assert (d / "step-000000006").exists() and not (d / "step-000000006" / "meta.json").exists()  # uncommitted
     task = mlp_task(batches=3)
     resumed = losses_of(task, "single", d, 8)
     assert len(resumed) == 4
@@ -98,7 +98,7 @@ def test_crash_mid_write_keeps_the_previous_checkpoint(tmp_path, where):
     a, b = state(task, d)[0], state(task, ref_dir)[0]
     for k in a:
         torch.testing.assert_close(a[k], b[k])
-    assert not (d / ".tmp-step-000000006").exists()  # leftovers are cleaned by the next commit
+
     assert sorted(p.name for p in d.iterdir()) == ["step-000000006", "step-000000008"]  # keep=2
 
 
@@ -122,9 +122,12 @@ def test_metadata_with_foreign_pickle_is_refused(tmp_path):
         def __reduce__(self):
             return (os.system, (f"touch {target}",))
 
-    (latest_checkpoint(tmp_path) / ".metadata").write_bytes(pickle.dumps(Evil()))
+    path = Path(latest_checkpoint(tmp_path))
+    (path / ".metadata").write_bytes(pickle.dumps(Evil()))
+    runner = get_strategy("single").prepare(build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu")))
     with pytest.raises(CheckpointError, match="not allowed"):
-        state(task, tmp_path)
+        load_checkpoint(path, runner.module, runner.optimizer, tmp_path)
+    assert latest_step(tmp_path) is None  # verification refuses it too: nothing to resume from
     assert not target.exists()
 
 
@@ -138,7 +141,7 @@ def test_paths_stay_inside_the_checkpoint_folder(tmp_path):
     runner = get_strategy("single").prepare(build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu")))
     with pytest.raises(CheckpointError, match="outside the checkpoint folder"):
         load_checkpoint(outside / "step-000000002", runner.module, runner.optimizer, inside)
-    assert checkpoint_path(inside, 3).parent == inside.resolve()
+    assert os.path.dirname(checkpoint_path(inside, 3)) == str(inside)
 
 
 def test_checkpoint_of_another_model_is_a_clear_error(tmp_path):
@@ -156,3 +159,64 @@ def test_incomplete_folder_is_not_a_checkpoint(tmp_path):
         load_checkpoint(tmp_path / "step-000000005", m, opt)
     save_checkpoint(tmp_path, m, opt, step=5, data_position=5, strategy="single", task="t")
     assert latest_step(tmp_path) == 5  # re-writing a step replaces it
+
+
+def _distcp(folder: Path) -> Path:
+    (shard,) = [p for p in folder.iterdir() if p.suffix == ".distcp"]
+    return shard
+
+
+def test_truncated_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, caplog):
+    # Issue 16: truncating the newest .distcp of a task lost the task (every attempt failed to load it).
+    task = mlp_task(batches=3, optimizer="adam")
+    d = tmp_path / "ckpt"
+    losses_of(task, "single", d, 4, every=2)  # checkpoints at 2 and 4
+    shard = _distcp(d / "step-000000004")
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with caplog.at_level("WARNING", logger="ray_saturn.strategies.checkpoint"):
+        assert latest_step(d) == 2  # the progress a driver reports: only what an intact checkpoint holds
+    assert any("step-000000004" in r.message and "truncated" in r.message for r in caplog.records)
+    resumed = losses_of(task, "single", d, 6, every=2)  # resumes from step 2, does not fail
+    assert len(resumed) == 4
+    ref_dir = tmp_path / "ref"
+    ref = losses_of(task, "single", ref_dir, 6, every=2)
+    torch.testing.assert_close(torch.tensor(resumed), torch.tensor(ref[2:]))
+    a, b = state(task, d), state(task, ref_dir)
+    for k in a[0]:
+        torch.testing.assert_close(a[0][k], b[0][k])
+    torch.testing.assert_close(a[1]["state"][0]["exp_avg"], b[1]["state"][0]["exp_avg"])
+    assert latest_step(d) == 6
+
+
+@pytest.mark.parametrize("damage", ["missing-shard", "torn-metadata", "garbled-shard"])
+def test_damaged_checkpoints_are_skipped_and_said_why(tmp_path, damage, caplog):
+    task = mlp_task(batches=3)
+    d = tmp_path / "ckpt"
+    losses_of(task, "single", d, 4, every=2)
+    newest = d / "step-000000004"
+    if damage == "missing-shard":
+        _distcp(newest).unlink()
+    elif damage == "torn-metadata":
+        meta = newest / ".metadata"
+        meta.write_bytes(meta.read_bytes()[:40])
+    else:  # same size, unreadable bytes: verification passes, reading the tensors fails
+        shard = _distcp(newest)
+        shard.write_bytes(b"\0" * shard.stat().st_size)
+    with caplog.at_level("WARNING", logger="ray_saturn.strategies.checkpoint"):
+        resumed = losses_of(task, "single", d, 6, every=2)
+    assert len(resumed) == 4  # from step 2
+    assert any("skipping checkpoint" in r.message and "step-000000004" in r.message for r in caplog.records)
+    assert latest_step(d) == 6
+
+
+def test_no_intact_checkpoint_starts_over_and_a_misfit_stays_an_error(tmp_path):
+    task = mlp_task(batches=3)
+    d = tmp_path / "ckpt"
+    losses_of(task, "single", d, 2, every=2)
+    shard = _distcp(d / "step-000000002")
+    shard.write_bytes(b"")
+    assert latest_step(d) is None
+    assert len(losses_of(task, "single", d, 2, every=2)) == 2  # trained again from the start
+    with pytest.raises(CheckpointError, match="does not fit"):  # a mismatch is not "corrupt": never skipped
+        losses_of(mlp_task(width=64), "single", d, 4)
+    assert latest_step(d) == 2

@@ -138,3 +138,67 @@ def test_s3_wrong_credentials_or_endpoint_one_line(s3):  # noqa: F811
         msg = str(err.value)
         assert "\n" not in msg and hint in msg, msg
         assert redact_uri(uri).split("?")[0] in msg, msg
+
+
+def test_checkpoints_on_s3_resume_exactly_and_fall_back(s3, tmp_path):  # noqa: F811
+    import torch
+
+    from ray_saturn.strategies import train_worker
+    from ray_saturn.strategies.checkpoint import checkpoints, latest_step
+    from ray_saturn.toy import mlp_task
+
+    def losses(strategy, d, target):
+        out: list[float] = []
+        train_worker(task, strategy, {}, target_step=target, checkpoint_dir=d, checkpoint_every=2,
+                     report=lambda r: out.append(r["loss"]))
+        return out
+
+    task = mlp_task(batches=3, optimizer="adam")
+    with s3.credentials():
+        d = s3.uri("ckpt/t")
+        first = losses("single", d, 4)
+        assert latest_step(d) == 4
+        rest = losses("spill", d, 8)  # another strategy resumes from the shards on S3
+        ref = losses("single", str(tmp_path / "ref"), 8)
+        torch.testing.assert_close(torch.tensor(first + rest), torch.tensor(ref))
+        assert [c.step for c in checkpoints(d)] == [8, 6]  # keep=2, older ones pruned
+        # A truncated newest shard: the next reader skips it and resumes from the one before.
+        (shard,) = [k for k in s3.keys("ckpt/t/step-000000008") if k.endswith(".distcp")]
+        body = s3.client().get_object(Bucket=s3.bucket, Key=shard)["Body"].read()
+        s3.client().put_object(Bucket=s3.bucket, Key=shard, Body=body[:10])
+        assert latest_step(d) == 6
+        assert "truncated" in checkpoints(d)[0].problem
+        assert len(losses("single", d, 10)) == 4
+        assert latest_step(d) == 10
+    assert not any(k.startswith(".") for k in s3.keys("ckpt/t"))
+
+
+def test_cli_refuses_unreachable_storage_in_one_line_before_starting_ray(s3, tmp_path):  # noqa: F811
+    import os
+    from pathlib import Path
+
+    bin_dir = Path(sys.executable).parent
+    workload = tmp_path / "w.py"
+    workload.write_text(
+        "import torch\nfrom ray_saturn import Task\n"
+        "tasks = [Task('a', lambda hp: torch.nn.Linear(2, 1), lambda hp: [(torch.ones(2, 2), torch.ones(2, 1))],"
+        " lambda o, b: ((o - b[1]) ** 2).mean(), lambda p, hp: torch.optim.SGD(p, lr=0.1), max_steps=2)]\n"
+    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "RAY_ADDRESS"}
+    good = {**base, **s3.env()}
+    no_creds = {**base, "AWS_EC2_METADATA_DISABLED": "true"}
+    cases = [
+        (["run", str(workload), "--storage", s3.uri("r1", endpoint="127.0.0.1:1")], good, "cannot reach"),
+        (["run", str(workload), "--storage", s3.uri("r1")], no_creds, "no S3 credentials found"),
+        (["resume", s3.uri("r1", endpoint="127.0.0.1:1")], good, "cannot reach"),
+        (["status", s3.uri("r1")], no_creds, "no S3 credentials found"),
+        (["status", s3.uri("never-ran")], good, "no such run folder"),
+    ]
+    for argv, env, hint in cases:
+        uri = next(a for a in argv if a.startswith("s3://"))
+        proc = subprocess.run([str(bin_dir / "ray-saturn"), *argv], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, (argv, proc.stderr[-2000:])
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and hint in lines[0] and uri.split("?")[0] in lines[0], (argv, lines)
+        assert "Ray" not in proc.stdout + proc.stderr  # refused before Ray (or any GPU) was touched

@@ -8,8 +8,8 @@ import pytest
 import torch
 from dist_helpers import run_workers
 
-from ray_saturn.checkpoint import latest_checkpoint, load_checkpoint
 from ray_saturn.strategies import WorkerContext, get_strategy, train_worker
+from ray_saturn.strategies.checkpoint import latest_checkpoint, load_checkpoint
 from ray_saturn.strategies.introspect import build_model
 from ray_saturn.toy import mlp_task
 from ray_saturn.workloads.text import gpt_task

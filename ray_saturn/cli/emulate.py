@@ -13,6 +13,7 @@ import argparse
 import json
 
 from ray_saturn import defaults
+from ray_saturn.cli.run import add_storage_option
 from ray_saturn.errors import SpecError
 from ray_saturn.runtime.emulation import emulate
 
@@ -52,7 +53,7 @@ def add_parser(sub) -> None:
         metavar="S",
         help=f"wall seconds per solver call ({defaults.EMULATE_SOLVER_TIME_LIMIT_S:g})",
     )
-    p.add_argument("--run-dir", metavar="DIR", help="run folder (default: a new temporary folder)")
+    add_storage_option(p, required=False, help="the run's folder, local path or URI (default: a new temporary folder)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         args.gpus_per_node,
         time_scale=args.time_scale,
         noise=args.noise,
-        storage=args.run_dir,
+        storage=args.storage,
         config=cfg,
     )
     if args.json:

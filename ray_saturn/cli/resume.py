@@ -1,4 +1,4 @@
-"""``ray-saturn resume RUN_DIR``: continue a run whose driver stopped.
+"""``ray-saturn resume STORAGE``: continue a run whose driver stopped.
 
 Finished tasks are not run again; the others restart from their latest
 checkpoint on a fresh plan. A training run started with ``ray-saturn run
@@ -18,12 +18,12 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "resume", help="continue a stopped run from its run folder", description=__doc__
     )
-    p.add_argument("run_dir", help="the run folder (local path or URI)")
+    p.add_argument("storage", metavar="STORAGE", help="the run's storage, as given to run: a local path or a URI")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    result = resume(args.run_dir)
+    result = resume(args.storage)
     print_result(result, as_json=args.json)
     return 0 if result.state == "finished" and not result.failed_tasks else 1

@@ -15,11 +15,21 @@ import os
 from ray_saturn import defaults
 from ray_saturn.workload_file import load_workload
 
+STORAGE_HELP = (
+    "where the run lives: its folder and every checkpoint (a local path every node sees, "
+    "or a URI such as s3://bucket/runs/x; see README 'Running on a multi-node cluster')"
+)
+
+
+def add_storage_option(p, *, required: bool, help: str = STORAGE_HELP) -> None:
+    """``--storage`` (with ``--run-dir``, its deprecated old name, as an alias)."""
+    p.add_argument("--storage", "--run-dir", dest="storage", required=required, metavar="STORAGE", help=help)
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("run", help="profile, plan and train a workload", description=__doc__)
     p.add_argument("workload", help="Python file defining `tasks`")
-    p.add_argument("--run-dir", required=True, metavar="DIR", help="run folder (local path or URI)")
+    add_storage_option(p, required=True)
     p.add_argument("--profile", metavar="FILE", help="use this profile instead of profiling")
     p.add_argument("--policy", default=defaults.POLICY, help=f"re-planning policy ({defaults.POLICY})")
     p.add_argument(
@@ -53,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     )
     result = run_api(
         tasks,
-        storage=args.run_dir,
+        storage=args.storage,
         profile=args.profile,
         config=cfg,
         workload=os.path.abspath(args.workload),

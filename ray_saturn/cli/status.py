@@ -1,4 +1,4 @@
-"""``ray-saturn status RUN_DIR``: each task's state, strategy, GPUs, progress and ETA."""
+"""``ray-saturn status STORAGE``: each task's state, strategy, GPUs, progress and ETA."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ray_saturn.runtime.api import run_status
 
 def add_parser(sub) -> None:
     p = sub.add_parser("status", help="show the state of a run", description=__doc__)
-    p.add_argument("run_dir", help="the run folder (local path or URI)")
+    p.add_argument("storage", metavar="STORAGE", help="the run's storage, as given to run: a local path or a URI")
     p.add_argument("--json", action="store_true", help="print the persisted state as JSON")
     p.set_defaults(func=run)
 
@@ -24,7 +24,7 @@ def _eta(s: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    state = run_status(args.run_dir)
+    state = run_status(args.storage)
     if args.json:
         print(json.dumps(state))
         return 0

@@ -100,8 +100,8 @@ def measure_segment_costs(
     ``shared_folder``: the trial's workers share a local disk (one node), so a
     checkpoint can be written and read back.
     """
-    from ray_saturn.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from ray_saturn.strategies.batching import DataStream
+    from ray_saturn.strategies.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from ray_saturn.strategies.device import synchronize
     from ray_saturn.strategies.introspect import build_model
     from ray_saturn.strategies.registry import get_strategy

@@ -61,7 +61,9 @@ def run(
     Args:
         tasks: the tasks to train.
         cluster: the GPUs to use; default: every GPU node of the connected Ray cluster.
-        storage: the run folder (local path or pyarrow URI): state, events, checkpoints.
+        storage: where the run lives: its folder and every checkpoint; a local path that every
+            node sees, or a URI (``s3://bucket/run?endpoint_override=...``, ``gs://``, any
+            pyarrow or fsspec URI). See :mod:`ray_saturn.runtime.storage`.
         profile: a ProfileTable or a profile file; default: ``ray_saturn.profile(tasks, cluster)``.
         policy: re-planning policy (``saturn-replan``, ``saturn-static``, ``saturn-periodic``,
             or a baseline planner); default: ``config.policy``, else ``saturn-replan``.
@@ -80,6 +82,7 @@ def run(
     cfg = (config or DriverConfig()).with_policy(policy)
     check_policy(cfg.policy)  # before anything is profiled or started
     store = RunStorage(storage)
+    store.check()  # a wrong endpoint or missing credentials: one line, before any GPU is held
     settings = RunSettings(name=name or f"run-{uuid.uuid4().hex[:8]}", mode="train", driver=cfg, workload=workload)
     with connected():
         live = ClusterSpec.from_ray()
@@ -114,6 +117,7 @@ def resume(storage: str | os.PathLike[str], tasks: Iterable[Task] | None = None)
     import ray
 
     store = RunStorage(storage, create=False)
+    store.check()  # before any GPU is held
     journal = Journal(store)
     settings = RunSettings.from_dict(journal.read_settings())
     state = journal.read_state() if journal.has_state() else {}

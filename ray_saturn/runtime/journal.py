@@ -9,7 +9,8 @@
       events.jsonl      EVENTS_FILE   one JSON event per line: launches, re-plans, moves, exits
       plan.json         PLAN_FILE     the plan being followed
       gantt.png         GANTT_FILE    planned against actual, when a report drew it
-      tasks/<task>/                   checkpoints (see :class:`~ray_saturn.runtime.storage.RunStorage`)
+      tasks/<task>/     TASKS_DIR     one task: Ray Train's run of it, and
+        checkpoints/    CHECKPOINTS_DIR  its checkpoints (see :mod:`ray_saturn.strategies.checkpoint`)
 
 :class:`Journal` reads and writes them on a :class:`RunStorage` (local or
 any pyarrow URI); :func:`read_local_state` is the quiet reader a progress
@@ -33,9 +34,10 @@ from typing import Any
 
 from ray_saturn.plan import Plan
 from ray_saturn.profile_table import ProfileTable
-from ray_saturn.runtime.storage import RunStorage, StorageError
+from ray_saturn.runtime.storage import CHECKPOINTS_DIR, TASKS_DIR, RunStorage, StorageError
 
 __all__ = [
+    "CHECKPOINTS_DIR",
     "DEMO_PROFILE_STORE",
     "EVENTS_FILE",
     "GANTT_FILE",
@@ -43,6 +45,7 @@ __all__ = [
     "PROFILE_FILE",
     "RUN_FILE",
     "STATE_FILE",
+    "TASKS_DIR",
     "Journal",
     "read_local_state",
 ]

@@ -44,7 +44,7 @@ Example:
 
 # Names resolve on first use (PEP 562), so ``import ray_saturn`` does not import torch.
 _EXPORTS = {
-    "latest_step": "ray_saturn.checkpoint",
+    "latest_step": "ray_saturn.strategies.checkpoint",
     "Infeasible": "ray_saturn.strategies.base",
     "KnobError": "ray_saturn.strategies.base",
     "Runner": "ray_saturn.strategies.base",

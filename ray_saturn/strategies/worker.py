@@ -8,11 +8,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ray_saturn.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from ray_saturn.errors import SpecError
 from ray_saturn.spec import Task
 from ray_saturn.strategies.base import StrategyError, WorkerContext
 from ray_saturn.strategies.batching import DataStream
+from ray_saturn.strategies.checkpoint import load_latest, save_checkpoint
 from ray_saturn.strategies.device import synchronize
 from ray_saturn.strategies.introspect import build_model
 from ray_saturn.strategies.registry import get_strategy
@@ -83,10 +83,10 @@ def train_worker(
     runner = strat.prepare(build_model(task), task, knobs, ctx)
     try:
         start, position, ckpt = 0, 0, None
-        latest = latest_checkpoint(checkpoint_dir)
-        if latest is not None:
-            meta = load_checkpoint(latest, runner.module, runner.optimizer, checkpoint_dir)
-            start, position, ckpt = meta.step, meta.data_position, str(latest)
+        loaded = load_latest(checkpoint_dir, runner.module, runner.optimizer)
+        if loaded is not None:
+            meta = loaded.meta
+            start, position, ckpt = meta.step, meta.data_position, loaded.location
             log.info(
                 "task %s resumes from step %d (written by %s on %d worker(s))",
                 task.name,
@@ -96,7 +96,7 @@ def train_worker(
             )
         if start > target_step:
             raise SpecError(
-                f"task {task.name!r}: checkpoint {latest} is at step {start}, "
+                f"task {task.name!r}: checkpoint {ckpt} is at step {start}, "
                 f"past target_step {target_step}"
             )
         stream = DataStream(task.data, task.hparams, position)
@@ -114,17 +114,15 @@ def train_worker(
             if ctx.rank == 0:
                 report({"step": done, "loss": loss, "step_time_s": dt})
             if done % checkpoint_every == 0 or done == target_step:
-                ckpt = str(
-                    save_checkpoint(
-                        checkpoint_dir,
-                        runner.module,
-                        runner.optimizer,
-                        step=done,
-                        data_position=stream.position,
-                        strategy=strat.name,
-                        task=task.name,
-                        loss=loss,
-                    )
+                ckpt = save_checkpoint(
+                    checkpoint_dir,
+                    runner.module,
+                    runner.optimizer,
+                    step=done,
+                    data_position=stream.position,
+                    strategy=strat.name,
+                    task=task.name,
+                    loss=loss,
                 )
         return TrainOutcome(
             target_step,

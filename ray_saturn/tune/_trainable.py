@@ -61,8 +61,8 @@ def _worker(rank: int, ways: int, port: int, task_bytes: bytes, strategy: str, k
     import torch.distributed as dist
     from ray import cloudpickle
 
-    from ray_saturn.checkpoint import latest_checkpoint, latest_step
     from ray_saturn.strategies import train_worker
+    from ray_saturn.strategies.checkpoint import latest_checkpoint, latest_step
 
     task: Task = cloudpickle.loads(task_bytes)
     torch.set_num_threads(1)

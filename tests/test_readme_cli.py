@@ -1,0 +1,65 @@
+"""The README's command lines, as written, are lines the CLI accepts."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from ray_saturn.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_commands() -> list[str]:
+    """Every ``ray-saturn ...`` command in README.md's code: fenced or indented blocks and inline spans.
+
+    Comments are dropped; pipes and ``&&`` chains are split into their commands.
+    """
+    code: list[str] = []
+    fenced = False
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.strip().startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced or line.startswith("    "):
+            code.append(re.split(r"\s#\s", line)[0].strip())
+        else:
+            code += re.findall(r"`(ray-saturn [^`]+)`", line)
+    out = []
+    for text in code:
+        for part in re.split(r"\s*(?:\|\||\||&&)\s*", text):
+            if part.strip().startswith("ray-saturn "):
+                out.append(part.strip())
+    return out
+
+
+def variants(cmd: str) -> list[str]:
+    """A line with ``[--opt value]`` optional parts: without them, and with each one."""
+    optional = re.findall(r"\[([^\]]+)\]", cmd)
+    bare = re.sub(r"\s*\[[^\]]+\]", "", cmd)
+    return [bare] + [f"{bare} {o}" for o in optional]
+
+
+COMMANDS = readme_commands()
+
+
+def test_the_readme_has_the_commands_we_check():
+    subcommands = {shlex.split(c)[1] for c in COMMANDS}
+    assert {"run", "status", "resume", "plan", "emulate", "simulate", "demo"} <= subcommands, subcommands
+
+
+@pytest.mark.parametrize("cmd", [v for c in COMMANDS for v in variants(c)])
+def test_readme_line_parses_as_written(cmd):
+    args = build_parser().parse_args(shlex.split(cmd)[1:])  # argparse exits (code 2) on a line it refuses
+    assert callable(args.func)
+    if args.command in ("run", "status", "resume"):
+        assert args.storage
+
+
+def test_run_dir_is_a_deprecated_alias_of_storage():
+    a = build_parser().parse_args(["run", "w.py", "--run-dir", "/tmp/x"])
+    b = build_parser().parse_args(["run", "w.py", "--storage", "/tmp/x"])
+    assert a.storage == b.storage == "/tmp/x"
