@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from ray_saturn.demo import run_demo
-from ray_saturn.runtime.journal import EVENTS_FILE, GANTT_FILE, PLAN_FILE
+from ray_saturn.runtime.journal import EVENTS_FILE, GANTT_FILE, PLAN_FILE, TASKS_DIR
 
 
 def main() -> int:
@@ -30,7 +30,7 @@ def main() -> int:
         out = Path(tempfile.mkdtemp(prefix="rs-demo-"))
         result = run_demo(out, steps=args.steps, progress=False)
         run = result.run_dir
-        files = {name: (run / name).exists() for name in (PLAN_FILE, EVENTS_FILE, GANTT_FILE, "tasks")}
+        files = {name: (run / name).exists() for name in (PLAN_FILE, EVENTS_FILE, GANTT_FILE, TASKS_DIR)}
         finished = all(t.state == "finished" for t in result.report.tasks)
         ok = ok and finished and all(files.values()) and result.wall_s < 180
         print(f"run {i + 1}: wall {result.wall_s:.0f}s, realised makespan {result.report.realised_makespan_s:.1f}s, "

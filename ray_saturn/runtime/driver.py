@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import statistics
 import time
 from abc import ABC, abstractmethod
@@ -291,7 +290,7 @@ class Driver:
         # Live dashboard metrics, tagged by run (the run folder's name) and task; no-ops outside Ray.
         from ray_saturn.metrics import RunMetrics
 
-        self.metrics = RunMetrics(os.path.basename(storage.uri.rstrip("/")) or "run")
+        self.metrics = RunMetrics(storage.name)
         for t, rec in self.records.items():
             self.metrics.task_state(t, rec.state if rec.state in ("finished", "failed") else "queued")
             self.metrics.task_progress(t, steps_done=rec.steps_done, total_steps=rec.total_steps)

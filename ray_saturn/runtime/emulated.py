@@ -54,11 +54,10 @@ _SUBDIR = "emulated"
 
 
 def _fs(checkpoint_dir: str) -> tuple[Any, str]:
-    import pyarrow.fs as pafs
+    from ray_saturn.runtime.storage import RunStorage
 
-    if "://" in checkpoint_dir:
-        return pafs.FileSystem.from_uri(checkpoint_dir)
-    return pafs.LocalFileSystem(), checkpoint_dir
+    store = RunStorage.at(checkpoint_dir)  # the run's storage layer: local, pyarrow or fsspec URIs
+    return store.fs, store.path
 
 
 def latest_emulated_step(checkpoint_dir: str) -> int:

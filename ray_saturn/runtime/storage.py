@@ -238,6 +238,7 @@ class RunStorage:
         #: What to hand to another process (a worker on another node): a local path or the URI.
         self.uri = self.path if not _is_uri(root) else _normalise_uri(root)
         self._lock = threading.Lock()
+        self._appended: dict[str, bytes] = {}
         # First a quick look with few retries, so a wrong endpoint or missing credentials fail in seconds.
         info = self._call("read", lambda: _fail_fast(self.fs).get_file_info(self.path))
         if create:
@@ -257,6 +258,7 @@ class RunStorage:
         self.path = (path.rstrip("/") or "/") if not self.local else path
         self.uri = self.path if not _is_uri(root) else _normalise_uri(root)
         self._lock = threading.Lock()
+        self._appended: dict[str, bytes] = {}
         return self
 
     def child(self, *parts: str) -> RunStorage:
@@ -266,7 +268,13 @@ class RunStorage:
         sub.path = self.join(*parts)
         sub.uri = child_uri(self.uri, *parts)
         sub._lock = threading.Lock()
+        sub._appended = {}
         return sub
+
+    @property
+    def name(self) -> str:
+        """The folder's own name (the last part of its path), e.g. a run's name for metrics."""
+        return posixpath.basename(self.path.rstrip("/")) or "run"
 
     @property
     def display(self) -> str:
@@ -329,6 +337,7 @@ class RunStorage:
         """Write ``name`` (replacing it atomically: readers see the old or the new content)."""
         target = self.join(name)
         parent = posixpath.dirname(target)
+        self._appended.pop(name, None)
 
         def go() -> None:
             if self._atomic_put():
@@ -415,7 +424,7 @@ class RunStorage:
             raise StorageError(f"{self.display}/{name}: cannot write ({_reason(exc)})") from None
 
     def append_jsonl(self, name: str, record: dict[str, Any]) -> None:
-        """Append one JSON line (local: an append; object stores have none: rewrite the small file)."""
+        """Append one JSON line (local: an append; object stores have none: rewrite the file, kept in memory)."""
         line = json.dumps(record, sort_keys=True) + "\n"
         with self._lock:
             if self.local:
@@ -426,11 +435,17 @@ class RunStorage:
                     f.flush()
                     os.fsync(f.fileno())
             else:
-                old = self.read_bytes(name) if self.exists(name) else b""
-                self.write_bytes(name, old + line.encode())
+                # One writer per run folder (the run's lock): what it wrote last is what is there.
+                old = self._appended.get(name)
+                if old is None:
+                    old = self.read_bytes(name) if self.exists(name) else b""
+                new = old + line.encode()
+                self.write_bytes(name, new)
+                self._appended[name] = new
 
     def delete(self, name: str, *, missing_ok: bool = False) -> None:
         """Delete the file ``name``."""
+        self._appended.pop(name, None)
         try:
             self._call("delete", lambda: self.fs.delete_file(self.join(name)), name)
         except FileNotFoundError:
