@@ -112,6 +112,11 @@ class Plan:
     solve_time_s: float
     status: str
     assignments: list[Assignment] = field(default_factory=list)
+    #: What the plan was optimised for (``makespan``, ``completion`` or ``online``). For the other two
+    #: the plan also carries its (weighted) mean completion time, end minus release, and a lower bound on it.
+    objective: str = "makespan"
+    mean_completion_s: float | None = None
+    completion_lower_bound_s: float | None = None
 
     @property
     def gap(self) -> float:
@@ -130,7 +135,7 @@ class Plan:
         return {a.task: a for a in self.assignments}
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "policy": self.policy,
             "makespan_s": round(self.makespan_s, 6),
             "lower_bound_s": round(self.lower_bound_s, 6),
@@ -138,6 +143,13 @@ class Plan:
             "status": self.status,
             "assignments": [a.to_dict() for a in self.assignments],
         }
+        if self.objective != "makespan":
+            out["objective"] = self.objective
+        if self.mean_completion_s is not None:
+            out["mean_completion_s"] = round(self.mean_completion_s, 6)
+        if self.completion_lower_bound_s is not None:
+            out["completion_lower_bound_s"] = round(self.completion_lower_bound_s, 6)
+        return out
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
@@ -158,6 +170,9 @@ class Plan:
             solve_time_s=float(data.get("solve_time_s", 0.0)),
             status=str(data["status"]),
             assignments=[Assignment.from_dict(a) for a in data["assignments"]],
+            objective=str(data.get("objective", "makespan")),
+            mean_completion_s=_opt_float(data.get("mean_completion_s")),
+            completion_lower_bound_s=_opt_float(data.get("completion_lower_bound_s")),
         )
 
     @classmethod
@@ -178,6 +193,15 @@ class Plan:
     ) -> None:
         """Raise :class:`PlanError` unless the plan is valid; see :func:`validate_plan`."""
         validate_plan(self, profile, cluster, context, tol=tol)
+
+
+def _opt_float(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise PlanError(f"{value!r} is not a number") from None
 
 
 def _close(a: float, b: float, tol: float) -> bool:
@@ -296,5 +320,26 @@ def validate_plan(
             i = j
     if not _close(plan.makespan_s, latest_end, tol):
         raise PlanError(f"the plan's makespan {plan.makespan_s} is not its last end time {latest_end}")
+    if plan.mean_completion_s is not None:
+        _check_completion(plan, profile, ctx, tol)
     if plan.lower_bound_s > plan.makespan_s * (1 + tol) + tol:
         raise PlanError(f"the plan's lower bound {plan.lower_bound_s} is above its makespan {plan.makespan_s}")
+
+
+def _check_completion(plan: Plan, profile: ProfileTable, ctx: PlanningContext, tol: float) -> None:
+    """The plan's mean completion time is its weighted mean of end - release; its bound is not above it."""
+    table = profile.to_arrow()
+    weight: dict[str, float] = {}
+    if "weight" in table.column_names:
+        for t, w in zip(table.column("task").to_pylist(), table.column("weight").to_pylist(), strict=False):
+            if w is not None:
+                weight[t] = float(w)
+    total = sum(weight.get(a.task, 1.0) * (a.end_s - ctx.release(a.task)) for a in plan.assignments)
+    mean = total / max(1e-12, sum(weight.get(a.task, 1.0) for a in plan.assignments))
+    if not _close(plan.mean_completion_s, mean, tol):
+        raise PlanError(f"the plan's mean completion time {plan.mean_completion_s} is not its tasks' mean {mean}")
+    lb = plan.completion_lower_bound_s
+    if lb is not None and lb > plan.mean_completion_s * (1 + tol) + tol:
+        raise PlanError(
+            f"the plan's completion-time lower bound {lb} is above its mean completion time {plan.mean_completion_s}"
+        )

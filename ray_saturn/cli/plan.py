@@ -9,6 +9,7 @@ from ray_saturn.errors import SpecError
 from ray_saturn.plan import Plan
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.solver import get_policy, policy_names, solve
+from ray_saturn.solver.objective import OBJECTIVES
 from ray_saturn.spec import ClusterSpec
 
 
@@ -47,6 +48,10 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deterministic", action="store_true",
                    help="count the saturn search in work, not seconds: the same plan for the same seed on any machine")
+    p.add_argument("--objective", default="makespan", choices=OBJECTIVES,
+                   help="what the saturn policy optimises: makespan (default), completion (mean completion "
+                   "time; a profile 'weight' column weights it) or online (completion, makespan within 3%% of "
+                   "the best)")
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     p.add_argument("-o", "--output", metavar="FILE", help="also write the plan JSON to FILE")
     p.set_defaults(func=run)
@@ -63,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
     if args.deterministic:
         if policy != "saturn":
             raise SpecError("--deterministic applies to the saturn policy only (the baselines are deterministic)")
-        policy = get_policy("saturn", deterministic=True)
-    plan = solve(profile, cluster, policy, time_limit_s=args.time_limit, seed=args.seed)
+        policy = get_policy("saturn", deterministic=True, objective=args.objective)
+    plan = solve(profile, cluster, policy, time_limit_s=args.time_limit, seed=args.seed, objective=args.objective)
     if args.output:
         with open(args.output, "w") as f:
             f.write(plan.to_json(indent=2))
@@ -93,3 +98,6 @@ def print_table(plan: Plan, out=None) -> None:
     print(f"policy {plan.policy}: makespan {plan.makespan_s:.1f} s ({_fmt_s(plan.makespan_s)}), "
           f"lower bound {plan.lower_bound_s:.1f} s, gap {100 * plan.gap:.1f}% ({plan.status}), "
           f"solved in {plan.solve_time_s:.2f} s", file=out)
+    if plan.mean_completion_s is not None:
+        print(f"objective {plan.objective}: mean completion time {plan.mean_completion_s:.1f} s, "
+              f"lower bound {plan.completion_lower_bound_s:.1f} s", file=out)

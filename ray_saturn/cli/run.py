@@ -13,6 +13,7 @@ import json
 import os
 
 from ray_saturn import defaults
+from ray_saturn.solver.objective import OBJECTIVES
 from ray_saturn.workload_file import load_workload
 
 STORAGE_HELP = (
@@ -46,6 +47,9 @@ def add_parser(sub) -> None:
         metavar="S",
         help=f"wall seconds per solver call ({defaults.SOLVER_TIME_LIMIT_S:g})",
     )
+    p.add_argument("--objective", default="makespan", choices=OBJECTIVES,
+                   help="what plans optimise: makespan (default), completion (mean job completion time) "
+                   "or online (completion time, makespan within 3%% of the best)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=run)
 
@@ -60,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         policy=args.policy,
         checkpoint_interval_s=args.checkpoint_interval,
         solver_time_limit_s=args.solver_time_limit,
+        objective=args.objective,
     )
     result = run_api(
         tasks,

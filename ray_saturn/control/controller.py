@@ -53,6 +53,7 @@ from ray_saturn.control.state import Placement, Segment, TaskProgress, TaskState
 from ray_saturn.errors import SaturnError
 from ray_saturn.plan import Plan
 from ray_saturn.profile_table import ProfileTable
+from ray_saturn.solver.objective import objective_gain, parse_objective, solver_policy, task_weights
 from ray_saturn.spec import ClusterSpec, NodeSpec
 
 __all__ = ["Action", "Controller", "ReplanRecord", "SolveFn"]
@@ -60,6 +61,8 @@ __all__ = ["Action", "Controller", "ReplanRecord", "SolveFn"]
 logger = logging.getLogger(__name__)
 
 Action = Launch | Stop
+#: ``online``: the arrival rate that prices a plan's GPU-seconds is measured over this window (s).
+ARRIVAL_WINDOW_S = 3600.0
 #: ``solve(profile, cluster, policy, *, context, time_limit_s, seed) -> Plan``,
 #: as :func:`ray_saturn.solver.solve`.
 SolveFn = Callable[..., Plan]
@@ -126,6 +129,9 @@ class Controller:
             with all its steps done starts FINISHED.
         failed: tasks given up earlier (task -> reason); they start FAILED and
             are never planned.
+        objective: what plans optimise: ``makespan`` (default), ``completion``
+            or ``online`` (:mod:`ray_saturn.solver.objective`); it is passed
+            to the solver policy and decides whether moving running tasks pays.
     """
 
     def __init__(
@@ -149,6 +155,7 @@ class Controller:
         deterministic: bool = False,
         steps_done: Mapping[str, int] | None = None,
         failed: Mapping[str, str] | None = None,
+        objective: str = "makespan",
     ) -> None:
         if restart_s < 0 or not math.isfinite(restart_s):
             raise SaturnError(f"restart cost is {restart_s} s; give a finite number >= 0")
@@ -178,11 +185,14 @@ class Controller:
 
             solve = default_solve
         self._solve = solve
+        self.objective = parse_objective(objective)
+        self._deterministic = deterministic
         self._solver_policy = self.policy.solver_policy
-        if deterministic:
-            from ray_saturn.solver import deterministic_policy
-
-            self._solver_policy = deterministic_policy(self.policy.solver_policy)
+        if deterministic or self.objective != "makespan":
+            self._solver_policy = solver_policy(
+                self.policy.solver_policy, objective=self.objective, deterministic=deterministic
+            )
+        self._weights = dict(zip(profile.tasks, task_weights(profile, profile.tasks), strict=True))
         self.nodes: dict[str, NodeSpec] = {n.name: n for n in cluster.nodes}
         self.tasks: dict[str, TaskProgress] = {}
         for t in profile.tasks:
@@ -556,13 +566,20 @@ class Controller:
             p.task: p.placement for p in self.tasks.values() if p.state is TaskState.RUNNING and p.placement is not None
         }
         limit = self.solver_time_limit_s
+        area_weight = self._future_load(inp, now)
+        if area_weight:
+            self._solver_policy = solver_policy(
+                self.policy.solver_policy, objective=self.objective, deterministic=self._deterministic,
+                area_weight=area_weight,
+            )
         plan = self._call_solver(inp, limit)
         decisions: list[MoveDecision] = []
         if moves_ok and running and moved_tasks(running, plan):
             keep_inp = self._input(now, movable=False)
             assert keep_inp is not None
             keep = self._call_solver(keep_inp, max(0.1, limit / 2))
-            decisions = decide_moves(running, plan, keep.makespan_s, self._move_costs(running, plan))
+            gain = objective_gain(keep, plan, self.objective, self._weights, area_weight)
+            decisions = decide_moves(running, plan, keep.makespan_s, self._move_costs(running, plan), gain_s=gain)
             if not all(d.move for d in decisions):
                 plan, inp = keep, keep_inp
         solver_time = time.perf_counter() - t0
@@ -605,6 +622,26 @@ class Controller:
             there = self.profile.get(t, *target.config_key)
             out[t] = self.restart_s + here.move_cost_s + there.startup_s
         return out
+
+    def _future_load(self, inp: ReplanInput, now: float) -> float:
+        """``online``: task-seconds per GPU-second for the jobs expected to arrive while the present
+        ones drain: (arrivals in the last :data:`ARRIVAL_WINDOW_S`, those at the run's first instant
+        excepted) / window x (least GPU-seconds of the present tasks / GPUs), per GPU. 0 otherwise."""
+        if self.objective != "online":
+            return 0.0
+        times = [p.arrived_s for p in self.tasks.values() if p.arrived_s is not None]
+        if not times:
+            return 0.0
+        first = min(times)
+        recent = sum(1 for t in times if t > first and t > now - ARRIVAL_WINDOW_S)
+        if not recent:
+            return 0.0
+        rate = recent / min(ARRIVAL_WINDOW_S, max(1e-9, now - first))
+        gpus = sum(n.gpus for n in inp.cluster.nodes)
+        work = sum(
+            min(c.runtime_s * c.gpus for c in inp.profile.configs(t, feasible_only=True)) for t in inp.tasks
+        )
+        return rate * (work / gpus) / gpus
 
     def _planned_from(self, a, now: float) -> PlannedTask:
         return PlannedTask(

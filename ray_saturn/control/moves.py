@@ -76,17 +76,21 @@ def decide_moves(
     move_plan: Plan,
     keep_makespan_s: float,
     restart_s: float | Mapping[str, float],
+    *,
+    gain_s: float | None = None,
 ) -> list[MoveDecision]:
     """One decision per running task that ``move_plan`` moves (empty: it moves none).
 
     ``restart_s`` is the restart cost of a move, or per task (stop, save,
-    the target's start-up, load).
+    the target's start-up, load). ``gain_s``: the predicted gain when the
+    objective is not the makespan (e.g. the weighted completion seconds
+    saved); by default the makespan saved.
     """
     moved = moved_tasks(running, move_plan)
     if not moved:
         return []
     costs = {t: float(restart_s[t]) if isinstance(restart_s, Mapping) else float(restart_s) for t in moved}
-    gain = keep_makespan_s - move_plan.makespan_s
+    gain = keep_makespan_s - move_plan.makespan_s if gain_s is None else gain_s
     cost = sum(costs.values())
     waiting = {t: move_plan.assignment(t).start_s for t in moved if move_plan.assignment(t).start_s > _NOW_S}
     accept = gain > cost and not waiting

@@ -65,8 +65,13 @@ class DriverConfig:
     node_check_wall_s: float = 1.0
     persist_wall_s: float = 1.0
     seed: int = 0
+    #: What plans optimise: makespan, completion or online (ray_saturn.solver.objective).
+    objective: str = "makespan"
 
     def __post_init__(self) -> None:
+        from ray_saturn.solver.objective import parse_objective
+
+        object.__setattr__(self, "objective", parse_objective(self.objective))
         for name in ("solver_time_limit_s", "checkpoint_interval_s", "poll_wall_s", "min_reports"):
             if not getattr(self, name) > 0:
                 raise SaturnError(f"DriverConfig.{name} is {getattr(self, name)}; it must be > 0")

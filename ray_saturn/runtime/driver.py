@@ -268,6 +268,7 @@ class Driver:
             max_failures=self.config.max_failures,
             steps_done=steps_done,
             failed=failed,
+            objective=self.config.objective,
         )
         for t, rec in self.records.items():
             rec.progress = self.controller.state(t)  # one task state: the controller's

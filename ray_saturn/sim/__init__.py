@@ -16,6 +16,7 @@ from ray_saturn.sim.simulator import (
     SimulationError,
     TaskRecord,
     compare,
+    oracle_completion_bound,
     oracle_lower_bound,
     simulate,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "SimulationError",
     "TaskRecord",
     "compare",
+    "oracle_completion_bound",
     "oracle_lower_bound",
     "parse_arrivals",
     "parse_failures",

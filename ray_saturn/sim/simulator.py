@@ -67,6 +67,7 @@ from ray_saturn.errors import SaturnError, SpecError
 from ray_saturn.plan import Plan
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.sim.workload import NodeFailure, true_step_times
+from ray_saturn.solver.objective import parse_objective
 from ray_saturn.spec import ClusterSpec
 from ray_saturn.stepping import steps_done_by
 
@@ -76,6 +77,7 @@ __all__ = [
     "SimulationError",
     "TaskRecord",
     "compare",
+    "oracle_completion_bound",
     "oracle_lower_bound",
     "simulate",
 ]
@@ -113,6 +115,7 @@ class SimConfig:
     keep_plans: bool = False
     deterministic: bool = False
     max_replan_tasks: int | None = None
+    objective: str = "makespan"
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.noise) or self.noise < 0:
@@ -125,6 +128,7 @@ class SimConfig:
             raise SpecError(f"checkpoint interval is {self.checkpoint_interval_s} s; give a positive number")
         if not 0 < self.progress_fraction <= 1:
             raise SpecError(f"progress fraction is {self.progress_fraction}; give a number in (0, 1]")
+        object.__setattr__(self, "objective", parse_objective(self.objective))
 
 
 @dataclass
@@ -225,6 +229,7 @@ class _World:
             min_replan_gap_fraction=cfg.min_replan_gap_fraction,
             on_plan=self._on_plan if cfg.keep_plans else None,
             deterministic=cfg.deterministic,
+            objective=cfg.objective,
             max_replan_tasks=cfg.max_replan_tasks,
         )
 
@@ -469,8 +474,25 @@ def compare(
 def oracle_lower_bound(profile: ProfileTable, cluster: ClusterSpec, config: SimConfig) -> float:
     """A lower bound on any policy's realised makespan: the bound of the problem with the
     true step times and the arrival times (ignores failures and restarts)."""
+    from ray_saturn.solver import lower_bound
+
+    return lower_bound(_oracle_problem(profile, cluster, config)).with_moves  # runs may move tasks
+
+
+def oracle_completion_bound(profile: ProfileTable, cluster: ClusterSpec, config: SimConfig) -> float:
+    """A lower bound on any policy's realised mean completion time (finish - arrival, unweighted as
+    :attr:`SimResult.mean_completion_s`): :func:`~ray_saturn.solver.completion_bound.completion_lower_bound`
+    of the problem with the true step times and the arrival times (valid for runs that move tasks)."""
+    from ray_saturn.solver.completion_bound import completion_lower_bound
+
+    problem = _oracle_problem(profile, cluster, config)
+    return completion_lower_bound(problem, [1.0] * problem.num_tasks).mean_completion_s
+
+
+def _oracle_problem(profile: ProfileTable, cluster: ClusterSpec, config: SimConfig):
+    """The planning problem with the true step times and the arrival times as releases."""
     from ray_saturn.profile_table import Config
-    from ray_saturn.solver import build_problem, lower_bound
+    from ray_saturn.solver import build_problem
 
     truth = true_step_times(profile, noise=config.noise, seed=config.seed)
 
@@ -479,5 +501,4 @@ def oracle_lower_bound(profile: ProfileTable, cluster: ClusterSpec, config: SimC
 
     true_profile = profile.replace(real)
     arrivals = {t: a for t, a in (config.arrivals or {}).items() if a > 0}
-    problem = build_problem(true_profile, cluster, PlanningContext(release_s=arrivals))
-    return lower_bound(problem).with_moves  # runs may move tasks between configurations
+    return build_problem(true_profile, cluster, PlanningContext(release_s=arrivals))

@@ -65,11 +65,11 @@ def true_step_times(profile: ProfileTable, *, noise: float, seed: int) -> dict[t
 
 
 def parse_arrivals(spec: str | None, profile: ProfileTable, *, seed: int) -> dict[str, float]:
-    """Arrival time per task from ``spec``: ``0`` / ``None`` (all at 0), ``poisson:R``
+    """Arrival time per task from ``spec``: ``batch`` / ``0`` / ``None`` (all at 0), ``poisson:R``
     (R tasks per hour), ``profile`` (the profile's ``arrival_s`` column) or a CSV file
     with columns ``task,arrival_s``."""
     tasks = profile.tasks
-    if spec is None or spec.strip() in ("", "0", "zero"):
+    if spec is None or spec.strip() in ("", "0", "zero", "batch"):
         return dict.fromkeys(tasks, 0.0)
     spec = spec.strip()
     if spec.startswith("poisson:"):

@@ -23,6 +23,9 @@ from ray_saturn.context import PlanningContext
 from ray_saturn.plan import Plan, validate_plan
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.solver.bounds import LowerBound, lower_bound
+from ray_saturn.solver.completion import objective_value
+from ray_saturn.solver.completion_bound import completion_lower_bound
+from ray_saturn.solver.objective import parse_objective, solver_policy, task_weights
 from ray_saturn.solver.policy import (
     Policy,
     PolicyResult,
@@ -63,9 +66,20 @@ def solve_problem(
     seed: int = 0,
     bound: LowerBound | None = None,
     on_plan: Callable[[Plan], None] | None = None,
+    objective: str | None = None,
 ) -> Plan:
-    """Run ``policy`` on an already-built :class:`Problem` and return a validated Plan."""
-    pol = get_policy(policy) if isinstance(policy, str) else policy
+    """Run ``policy`` on an already-built :class:`Problem` and return a validated Plan.
+
+    ``objective`` (``makespan``, ``completion``, ``online``) sets a policy name's
+    objective option (saturn's; the baselines follow fixed rules); by default a
+    policy object's own. A plan for completion or online also carries its mean
+    completion time and a lower bound on it (:mod:`ray_saturn.solver.completion_bound`).
+    """
+    if isinstance(policy, str):
+        pol = solver_policy(policy, objective=objective) if objective else get_policy(policy)
+    else:
+        pol = policy
+    objective = getattr(pol.options, "objective", None) or parse_objective(objective)
     t0 = time.perf_counter()
     bound = bound or lower_bound(problem)
 
@@ -78,8 +92,16 @@ def solve_problem(
                        on_schedule=emit if on_plan is not None else None)
     lb = max(bound.value, result.proven_bound_s)
     status = "optimal" if result.optimal else None
+    if objective != "makespan":
+        cb = completion_lower_bound(problem)
+        value = objective_value(problem, result.schedule, "completion", task_weights(problem.profile, problem.tasks))
+        status = "optimal" if value <= cb.total * (1 + 1e-9) + 1e-9 else "feasible"
     plan = problem.to_plan(result.schedule, policy=pol.name, lower_bound_s=lb,
                            solve_time_s=time.perf_counter() - t0, status=status)
+    if objective != "makespan":
+        plan.objective = objective
+        plan.mean_completion_s = (value - cb.release_sum) / cb.weight_sum
+        plan.completion_lower_bound_s = cb.mean_completion_s
     validate_plan(plan, problem.profile, problem.cluster, problem.context)
     logger.info("%s: makespan %.1f s, lower bound %.1f s (gap %.1f%%), %s in %.2f s",
                 pol.name, plan.makespan_s, plan.lower_bound_s, 100 * plan.gap, plan.status, plan.solve_time_s)
@@ -95,12 +117,13 @@ def solve(
     time_limit_s: float = 30.0,
     seed: int = 0,
     on_plan: Callable[[Plan], None] | None = None,
+    objective: str | None = None,
 ) -> Plan:
-    """Plan every task of ``profile`` on ``cluster`` with ``policy``.
+    """Plan every task of ``profile`` on ``cluster`` with ``policy`` (for ``objective``, see :func:`solve_problem`).
 
     The plan is checked by the independent validator before it is returned.
     ``on_plan`` receives each improving plan while the search runs (the first
     comes from the heuristic, within a second for tens of tasks).
     """
     problem = build_problem(profile, cluster, context)
-    return solve_problem(problem, policy, time_limit_s=time_limit_s, seed=seed, on_plan=on_plan)
+    return solve_problem(problem, policy, time_limit_s=time_limit_s, seed=seed, on_plan=on_plan, objective=objective)

@@ -12,11 +12,14 @@ import logging
 import time
 from dataclasses import dataclass
 
+from ray_saturn.errors import SpecError
 from ray_saturn.solver.bounds import lower_bound
+from ray_saturn.solver.completion import completion_search
 from ray_saturn.solver.cpsat import SAFETY_FACTOR, solve_cpsat
 from ray_saturn.solver.decompose import decomposed_start
 from ray_saturn.solver.heuristic import heuristic_schedule
 from ray_saturn.solver.listsched import list_schedule, replay_schedule
+from ray_saturn.solver.objective import parse_objective, task_weights
 from ray_saturn.solver.policy import Policy, PolicyResult, get_policy, register_policy
 from ray_saturn.solver.problem import Problem, Schedule
 
@@ -32,9 +35,20 @@ SEED_BASELINES = ("fifo-fastest", "fifo-min-gpus", "fifo-max-gpus", "fifo-whole-
 
 @dataclass(frozen=True)
 class SaturnOptions:
-    """``deterministic``: limits counted in work, not seconds (the plan depends only on inputs and seed)."""
+    """``deterministic``: limits counted in work, not seconds (the plan depends only on inputs and seed).
+    ``objective``: ``makespan`` (default), ``completion`` or ``online`` (see
+    :mod:`ray_saturn.solver.objective`)."""
 
     deterministic: bool = False
+    objective: str = "makespan"
+    #: ``online``/``completion``: task-seconds charged per GPU-second a plan uses, the wait it causes
+    #: jobs expected to arrive (the controller sets it from the recent arrival rate); 0 by default.
+    area_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "objective", parse_objective(self.objective))
+        if not self.area_weight >= 0:
+            raise SpecError(f"area_weight is {self.area_weight}; give a number >= 0")
 
 
 @register_policy
@@ -63,6 +77,9 @@ class SaturnPolicy(Policy):
         return self.solve(sub, lower_bound(sub), time_limit_s=time_limit_s, seed=seed).schedule
 
     def solve(self, problem, bound, *, time_limit_s, seed, on_schedule=None):
+        if self.options.objective != "makespan":
+            return self._solve_completion(problem, bound, time_limit_s=time_limit_s, seed=seed,
+                                          on_schedule=on_schedule)
         t0 = time.perf_counter()
 
         def seen(s: Schedule) -> None:
@@ -117,3 +134,27 @@ class SaturnPolicy(Policy):
         else:
             optimal = optimal and abs(result.schedule.makespan - best.makespan) < 1e-9
         return PolicyResult(best, result.proven_bound_s, optimal)
+
+    def _solve_completion(self, problem, bound, *, time_limit_s, seed, on_schedule):
+        """``completion`` / ``online``: :func:`~ray_saturn.solver.completion.completion_search`, with the
+        baselines' schedules (and, for ``online``, a short makespan search) as makespan references."""
+        reference = [
+            get_policy(name).solve(problem, bound, time_limit_s=0, seed=seed).schedule for name in SEED_BASELINES
+        ]
+        if self.options.objective == "online":
+            share = min(1.0, 0.1 * time_limit_s)
+            heur = heuristic_schedule(
+                problem,
+                bound,
+                time_limit_s=max(10.0, SAFETY_FACTOR * share) if self.deterministic else share,
+                seed=seed,
+                max_evaluations=int(EVALS_PER_SECOND * share) if self.deterministic else None,
+                candidates=reference,
+            )
+            reference.append(heur.schedule)
+        weights = task_weights(problem.profile, problem.tasks)
+        found = completion_search(problem, self.options.objective, weights, reference=reference,
+                                  area_weight=self.options.area_weight, time_limit_s=time_limit_s)
+        if on_schedule:
+            on_schedule(found.schedule)
+        return PolicyResult(found.schedule)

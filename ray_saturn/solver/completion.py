@@ -1,0 +1,285 @@
+"""Plans for completion time: SRPT-like priorities with elastic, efficiency-bounded allotments.
+
+What theory says works for mean completion time:
+
+- one machine, known sizes: shortest remaining processing time first (SRPT)
+  is optimal (Schrage 1968), and weighted shortest processing time (Smith's
+  rule, ``p_t / w_t``) without release times;
+- parallel jobs with a concave speed-up: heSRPT (Berg, Vesilo and
+  Harchol-Balter, SIGMETRICS 2020) runs the shortest jobs first *and* gives
+  them more servers, but never more than their speed-up repays: a job's share
+  shrinks as its efficiency falls.
+
+:func:`completion_search` builds plans in that spirit and keeps the best for
+the objective (:mod:`ray_saturn.solver.objective`):
+
+1. Priority: tasks sorted by remaining work per weight, SRPT on GPU-area
+   (``min_o g_o d_o / w_t``) or on time (``min_o d_o / w_t``).
+2. Allotment, heSRPT-like: each task in turn, at its earliest feasible start
+   (serial schedule generation), takes the option that finishes first among
+   those whose efficiency ``min area / area`` is at least ``e``; ``e`` is
+   swept from 1 (least GPU-seconds only) to 0 (fastest), so short jobs grab
+   wide allotments only while the speed-up pays and wait for more GPUs only
+   when that ends them sooner.
+3. Running tasks: either kept where they run (every candidate has a version
+   that keeps them) or taken in priority order like any other task, which
+   moves, shrinks or grows one (paying its restart set-up) or stops it for a
+   shorter one (SRPT preemption). The controller only accepts such a plan
+   when its objective beats keeping them by more than the restart costs.
+4. ``online``: among the candidates whose makespan is within the slack of
+   the best makespan known (the candidates', and the makespan plan given by
+   the caller), the least weighted completion; ``completion`` ignores the
+   makespan; critical-first orders (the longest tasks ahead of SRPT) are
+   added so that a long job arriving late is not starved.
+5. Improvement: adjacent swaps in the priority order, kept when they lower
+   the objective, while the evaluation budget lasts.
+
+Deterministic for given inputs (no clock decides anything but the budget's
+safety net).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ray_saturn.errors import InfeasibleError
+from ray_saturn.solver.listsched import _first_k_fit, _NodeProfile
+from ray_saturn.solver.objective import ONLINE_SLACK, weighted_completion
+from ray_saturn.solver.problem import Problem, Schedule
+
+__all__ = ["CompletionResult", "completion_schedule", "completion_search", "objective_value"]
+
+_EFFICIENCIES = (1.0, 0.75, 0.5, 0.0)
+#: GPU caps as multiples of the fair share G / m (m tasks to plan); None: no cap.
+_SHARES = (1.0, 2.0, 4.0, None)
+#: Decodings of the improvement phase per candidate family (the sweep is always done).
+IMPROVE_EVALS = 60
+
+
+@dataclass
+class CompletionResult:
+    schedule: Schedule
+    value: float
+    evaluated: int
+
+
+def objective_value(problem: Problem, sched: Schedule, objective: str, weights: Sequence[float]) -> float:
+    """The schedule's value for ``objective`` (makespan, or weighted sum of ends)."""
+    if objective == "makespan":
+        return sched.makespan
+    ends = [s + d for s, d in zip(sched.start, sched.durations, strict=True)]
+    return weighted_completion(ends, weights)
+
+
+def schedule_area(problem: Problem, sched: Schedule) -> float:
+    """GPU-seconds the schedule holds."""
+    return float(sum(problem.options[t][o].gpus * d for t, (o, d) in enumerate(zip(sched.option, sched.durations,
+                                                                                   strict=True))))
+
+
+def completion_schedule(
+    problem: Problem,
+    order: Sequence[int],
+    efficiency: float,
+    *,
+    keep_running: bool,
+    cap: int | None = None,
+) -> Schedule:
+    """Serial schedule generation with the option picked per task (see the module docstring).
+
+    ``keep_running``: running tasks stay where they are (their pinned option,
+    placed first); otherwise they are taken in ``order`` and their pinned
+    option competes with their other options (it must start at 0 on its nodes).
+    """
+    n = problem.num_tasks
+    profiles = [_NodeProfile(int(c)) for c in problem.node_gpus]
+    for i, avail in enumerate(problem.node_avail):
+        if avail > 0:
+            profiles[i].add(0.0, float(avail), profiles[i].cap)
+    option = [0] * n
+    start = [0.0] * n
+    nodes: list[tuple[int, ...]] = [()] * n
+    dur = [0.0] * n
+    done = [False] * n
+    for t in range(n):
+        p = problem.pinned_option(t)
+        # A running task stays where it is when asked to, or when it may not move (no other option).
+        if p is None or not (keep_running or len(problem.options[t]) == 1):
+            continue
+        o = problem.options[t][p]
+        option[t], start[t], nodes[t], dur[t], done[t] = p, 0.0, o.pinned_nodes, o.duration_s, True
+        for i in o.pinned_nodes:
+            profiles[i].add(0.0, o.duration_s, o.per_node)
+    # Running tasks still to place restart at once: a queued task starting at 0 must leave them the
+    # GPUs of their smallest option (counted over the cluster; a node-level misfit drops the candidate).
+    waiting_running = [t for t in range(n) if not done[t] and problem.pinned_option(t) is not None]
+    reserve = sum(min(o.gpus for o in problem.options[t]) for t in waiting_running)
+    free_at_0 = sum(p.cap - p.used_at(0.0) for p in profiles)
+    for t in order:
+        if done[t]:
+            continue
+        opts = problem.options[t]
+        running = problem.pinned_option(t) is not None
+        if running:
+            reserve -= min(o.gpus for o in opts)
+        # The GPU cap (a share of the cluster) applies unless no option fits under it.
+        limit = cap if cap is not None and any(o.gpus <= cap for o in opts) else math.inf
+        areas = [o.area for o in opts if not o.pinned and o.gpus <= limit]
+        least = min(areas) if areas else math.inf
+        r = float(problem.release[t])
+        # A running task that moves restarts at once (the controller stops no task to wait).
+        at_once = any(o.pinned for o in opts)
+        best: tuple[float, int, int, float, tuple[int, ...]] | None = None  # (end, gpus, option, start, nodes)
+        for j, o in enumerate(opts):
+            d = o.duration_s
+            if o.gpus > limit:
+                continue
+            if o.pinned_nodes is not None:
+                if all(profiles[i].fits(0.0, d, o.per_node) for i in o.pinned_nodes):
+                    key = (d, o.gpus, j, 0.0, o.pinned_nodes)
+                    if best is None or key[:2] < best[:2]:
+                        best = key
+                continue
+            if o.area > least / max(efficiency, 1e-12) * (1 + 1e-9):
+                continue
+            q, k = o.per_node, o.k
+            give_up = best[0] - d if best is not None else math.inf
+            if give_up < r:
+                continue
+            if k == 1:
+                found = None
+                for i, p in enumerate(profiles):
+                    if p.cap < q:
+                        continue
+                    s = p.earliest(r, d, q, found[0] if found is not None else give_up)
+                    if math.isinf(s):
+                        continue
+                    cand = (s, -p.used_at(s), i)
+                    if found is None or cand < found:
+                        found = cand
+                if found is None or (at_once and found[0] > 1e-6):
+                    continue
+                s, sel = found[0], (found[2],)
+                if not running and s <= 1e-6 and free_at_0 - o.gpus < reserve:
+                    continue
+            else:
+                eligible = [i for i, p in enumerate(profiles) if p.cap >= q]
+                hit = _first_k_fit(profiles, eligible, r, d, q, k)
+                if hit is None:
+                    continue
+                s, sel = hit
+            if at_once and s > 1e-6:
+                continue
+            if not running and s <= 1e-6 and free_at_0 - o.gpus < reserve:
+                continue
+            key = (s + d, o.gpus, j, s, sel)
+            if best is None or key[:2] < best[:2]:
+                best = key
+        if best is None:
+            raise InfeasibleError(f"task {problem.tasks[t]} can never start: no node set fits any of its options")
+        _, _, j, s, sel = best
+        o = opts[j]
+        if s <= 1e-6:
+            free_at_0 -= o.gpus
+        option[t], start[t], nodes[t], dur[t], done[t] = j, s, tuple(sel), o.duration_s, True
+        for i in sel:
+            profiles[i].add(s, o.duration_s, o.per_node)
+    return Schedule(option, start, nodes, dur)
+
+
+def _orders(problem: Problem, weights: Sequence[float], critical: bool) -> list[list[int]]:
+    n = problem.num_tasks
+    rel = problem.release
+    area = [min(o.area for o in opts) / w for opts, w in zip(problem.options, weights, strict=True)]
+    length = [min(o.duration_s for o in opts) / w for opts, w in zip(problem.options, weights, strict=True)]
+    by_area = sorted(range(n), key=lambda t: (area[t], rel[t], t))
+    by_length = sorted(range(n), key=lambda t: (length[t], rel[t], t))
+    out = [by_area, by_length]
+    if critical:
+        longest = sorted(range(n), key=lambda t: (-(rel[t] + min(o.duration_s for o in problem.options[t])), t))
+        for k in (1, 2, 4, 8):
+            if k >= n:
+                break
+            head = longest[:k]
+            out.append(head + [t for t in by_area if t not in head])
+    return out
+
+
+def completion_search(
+    problem: Problem,
+    objective: str,
+    weights: Sequence[float],
+    *,
+    reference: Sequence[Schedule] = (),
+    area_weight: float = 0.0,
+    time_limit_s: float = 10.0,
+    max_evaluations: int | None = None,
+) -> CompletionResult:
+    """The best schedule found for ``objective`` (``completion`` or ``online``).
+
+    ``reference``: schedules from elsewhere (e.g. the makespan search): they
+    set the best makespan the ``online`` objective stays close to, and are
+    candidates themselves.
+    """
+    if objective not in ("completion", "online"):
+        raise ValueError(f"completion_search optimises completion or online, not {objective}")
+    deadline = time.perf_counter() + max(0.0, time_limit_s)
+    has_running = any(problem.pinned_option(t) is not None for t in range(problem.num_tasks))
+    modes = (True, False) if has_running else (True,)
+    cands: list[tuple[Schedule, list[int], tuple, bool]] = []  # (schedule, order, (efficiency, cap), keep)
+    fair = problem.total_gpus / max(1, problem.num_tasks)
+    rules = [(e, None if k is None else max(1, math.ceil(k * fair))) for k in _SHARES for e in _EFFICIENCIES]
+    evaluated = 0
+    for keep in modes:
+        for order in _orders(problem, weights, critical=objective == "online"):
+            for e, cap in rules:
+                evaluated += 1
+                try:
+                    sched = completion_schedule(problem, order, e, keep_running=keep, cap=cap)
+                except InfeasibleError:
+                    if keep:
+                        raise
+                    continue  # a running task found no place to restart at once: keep-mode covers it
+                cands.append((sched, order, (e, cap), keep))
+    best_makespan = min([c[0].makespan for c in cands] + [s.makespan for s in reference])
+    # While jobs keep arriving (area_weight > 0) the GPU-seconds a plan uses are what later jobs wait
+    # for, and the makespan of the jobs present says little about the run's: no makespan guard then.
+    guard = objective == "online" and area_weight <= 0
+    limit = best_makespan * (1 + ONLINE_SLACK) + 1e-9 if guard else math.inf
+
+    def score(s: Schedule) -> tuple[int, float]:
+        # Plans over the makespan limit rank after every plan within it, by makespan.
+        over = s.makespan > limit
+        if over:
+            return (1, s.makespan)
+        return (0, objective_value(problem, s, "completion", weights) + area_weight * schedule_area(problem, s))
+
+    pool = [(score(s), s, order, e, keep) for s, order, e, keep in cands]
+    pool += [(score(s), s, None, None, None) for s in reference]
+    pool.sort(key=lambda x: x[0])
+    best_score, best, order, eff, keep = pool[0]
+    # Improvement: adjacent swaps of the best decoded candidate's order.
+    if order is not None:
+        budget = IMPROVE_EVALS if max_evaluations is None else max_evaluations
+        order = list(order)
+        i = 0
+        tries = 0
+        while tries < budget and len(order) > 1 and time.perf_counter() < deadline:
+            i = i % (len(order) - 1)
+            cand = [*order[:i], order[i + 1], order[i], *order[i + 2 :]]
+            evaluated += 1
+            try:
+                s = completion_schedule(problem, cand, eff[0], keep_running=keep, cap=eff[1])
+            except InfeasibleError:
+                i += 1
+                tries += 1
+                continue
+            tries += 1
+            sc = score(s)
+            if sc < best_score:
+                best_score, best, order = sc, s, cand
+            i += 1
+    return CompletionResult(best, best_score[1], evaluated)

@@ -1,0 +1,118 @@
+"""What a plan is optimised for: ``makespan``, ``completion`` or ``online``.
+
+- ``makespan``: the last end (the batch default: a model-selection sweep is
+  done when its last job is).
+- ``completion``: the (weighted) sum of completion times, i.e. the mean job
+  completion time when every weight is 1. Weights come from an optional
+  ``weight`` column of the profile (> 0, default 1).
+- ``online``: completion time among plans whose makespan is within
+  :data:`ONLINE_SLACK` of the best makespan found: short jobs first without
+  letting the last job finish much later. The default for online use (jobs
+  arriving over time, e.g. a Tune search).
+
+Completion times are measured from time 0 of the plan; a task's release does
+not change which plan is better (it is the same for every plan), so
+``sum_t w_t end_t`` ranks plans exactly as the weighted mean JCT does.
+
+Example:
+    >>> parse_objective("completion")
+    'completion'
+    >>> parse_objective("Online")
+    'online'
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from ray_saturn.errors import SpecError
+
+__all__ = [
+    "OBJECTIVES",
+    "ONLINE_SLACK",
+    "objective_gain",
+    "parse_objective",
+    "solver_policy",
+    "task_weights",
+    "weighted_completion",
+]
+
+OBJECTIVES = ("makespan", "completion", "online")
+#: ``online``: a plan's makespan may exceed the best one found by this fraction.
+ONLINE_SLACK = 0.03
+
+
+def parse_objective(name: str | None) -> str:
+    """The objective's canonical name; a one-line error naming the choices otherwise."""
+    value = (name or "makespan").strip().lower()
+    if value not in OBJECTIVES:
+        raise SpecError(f"unknown objective {name!r}; choose one of: {', '.join(OBJECTIVES)}")
+    return value
+
+
+def task_weights(profile, tasks: Sequence[str]) -> list[float]:
+    """Per task, its ``weight`` column value (1 when the profile has none)."""
+    table = profile.to_arrow()
+    if "weight" not in table.column_names:
+        return [1.0] * len(tasks)
+    seen: dict[str, float] = {}
+    for t, w in zip(table.column("task").to_pylist(), table.column("weight").to_pylist(), strict=False):
+        if w is None:
+            continue
+        try:
+            w = float(w)
+        except (TypeError, ValueError):
+            raise SpecError(f"{profile.source}: weight of task {t!r} is {w!r}; give a number > 0") from None
+        if not math.isfinite(w) or w <= 0:
+            raise SpecError(f"{profile.source}: weight of task {t!r} is {w}; give a number > 0")
+        if t in seen and seen[t] != w:
+            raise SpecError(f"{profile.source}: task {t!r} has two weights ({seen[t]}, {w}); give one per task")
+        seen[t] = w
+    return [seen.get(t, 1.0) for t in tasks]
+
+
+def weighted_completion(ends: Sequence[float], weights: Sequence[float]) -> float:
+    """``sum_t w_t end_t``."""
+    return float(sum(w * e for w, e in zip(weights, ends, strict=True)))
+
+
+def plan_ends(plan) -> dict[str, float]:
+    return {a.task: a.end_s for a in plan.assignments}
+
+
+def plan_area(plan) -> float:
+    """GPU-seconds the plan holds."""
+    return sum(a.gpus * (a.end_s - a.start_s) for a in plan.assignments)
+
+
+def objective_gain(keep, move, objective: str, weights: Mapping[str, float], area_weight: float = 0.0) -> float:
+    """How much better plan ``move`` is than plan ``keep`` for ``objective`` (seconds; weighted
+    task-seconds for completion). For ``online``, a plan whose makespan exceeds ``keep``'s by more
+    than :data:`ONLINE_SLACK` is worse by its makespan excess, whatever its completion times."""
+    if objective == "makespan":
+        return keep.makespan_s - move.makespan_s
+
+    def total(plan) -> float:
+        return sum(weights.get(t, 1.0) * e for t, e in plan_ends(plan).items()) + area_weight * plan_area(plan)
+
+    guard = objective == "online" and area_weight <= 0
+    if guard and move.makespan_s > keep.makespan_s * (1 + ONLINE_SLACK) + 1e-9:
+        return keep.makespan_s - move.makespan_s
+    return total(keep) - total(move)
+
+
+def solver_policy(name: str, *, objective: str = "makespan", deterministic: bool = False, area_weight: float = 0.0):
+    """The solver policy ``name`` set for ``objective`` (policies with an ``objective`` option,
+    i.e. ``saturn``; the baselines follow fixed rules whatever the objective) and, if asked, in its
+    deterministic mode."""
+    import dataclasses
+
+    from ray_saturn.solver.policy import deterministic_policy, get_policy
+
+    pol = deterministic_policy(name) if deterministic else get_policy(name)
+    objective = parse_objective(objective)
+    if objective != "makespan" and "objective" in {f.name for f in dataclasses.fields(pol.options)}:
+        extra = {"area_weight": float(area_weight)} if area_weight else {}
+        pol = get_policy(name, **{**dataclasses.asdict(pol.options), "objective": objective, **extra})
+    return pol

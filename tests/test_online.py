@@ -1,0 +1,309 @@
+"""Objectives other than the makespan: completion-time plans, their bounds, and online re-planning.
+
+The plans are checked against what theory says is optimal: SPT/SRPT on one
+GPU, heSRPT's fluid optimum for jobs with a concave speed-up ``k^p``, and an
+exhaustive search on small random instances.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+import subprocess
+import sys
+
+import pytest
+from helpers import random_instance, rows_profile
+
+from ray_saturn import ClusterSpec, ProfileTable
+from ray_saturn.context import PlanningContext
+from ray_saturn.control import Controller, TaskArrived, TaskFinished
+from ray_saturn.errors import SpecError
+from ray_saturn.sim import SimConfig, oracle_completion_bound, simulate
+from ray_saturn.solver import build_problem, solve
+from ray_saturn.solver.completion_bound import completion_lower_bound, srpt_total, wspt_mean_busy_bound
+from ray_saturn.solver.objective import objective_gain, parse_objective
+
+
+def _brute_force_total_completion(profile, cluster, release=None, weights=None) -> float:
+    """Least sum_t w_t C_t over active schedules (serial generation over every order, option and node
+    set), which include an optimal one for any regular objective. Independent of the solver."""
+    release = release or {}
+    weights = weights or {}
+    caps = {n.name: n.gpus for n in cluster.nodes}
+    names = list(caps)
+    opts = {}
+    for t in profile.tasks:
+        opts[t] = []
+        for c in profile.configs(t, feasible_only=True):
+            per = c.gpus // c.nodes
+            sets = [s for s in itertools.combinations(names, c.nodes) if all(caps[n] >= per for n in s)]
+            if sets:
+                opts[t].append((c.runtime_s, per, sets))
+    best = [math.inf]
+
+    def fits(placed, node, start, dur, per):
+        points = [start] + [s for (n, s, e, q) in placed if n == node and start < s < start + dur]
+        return all(
+            sum(q for (n, s, e, q) in placed if n == node and s <= p < e) + per <= caps[node] for p in points
+        )
+
+    def dfs(remaining, placed, total):
+        if total >= best[0]:
+            return
+        if not remaining:
+            best[0] = total
+            return
+        for t in remaining:
+            rest = [u for u in remaining if u != t]
+            r = float(release.get(t, 0.0))
+            for dur, per, sets in opts[t]:
+                for s in sets:
+                    for start in sorted({r} | {e for (_, _, e, _) in placed if e > r}):
+                        if all(fits(placed, n, start, dur, per) for n in s):
+                            end = start + dur
+                            dfs(rest, placed + [(n, start, end, per) for n in s], total + weights.get(t, 1.0) * end)
+                            break
+
+    dfs(list(profile.tasks), [], 0.0)
+    return best[0]
+
+
+# ----------------------------------------------------------------- objective names
+
+
+def test_parse_objective_names_the_choices():
+    assert parse_objective(None) == "makespan"
+    with pytest.raises(SpecError, match="makespan, completion, online"):
+        parse_objective("fastest")
+
+
+# ----------------------------------------------------------------- bounds
+
+
+def test_srpt_total_is_the_one_machine_optimum():
+    # Job a (10) at 0, b (2) at 1: SRPT preempts a for b: b ends 3, a ends 12.
+    assert srpt_total([0.0, 1.0], [10.0, 2.0]) == pytest.approx(15.0)
+    # Exhaustive check on small instances against every non-preemptive order (SRPT can only be better).
+    rng = random.Random(3)
+    for _ in range(30):
+        n = rng.randint(1, 5)
+        rel = [float(rng.randint(0, 6)) for _ in range(n)]
+        size = [float(rng.randint(1, 6)) for _ in range(n)]
+        best = math.inf
+        for order in itertools.permutations(range(n)):
+            now, total = 0.0, 0.0
+            for t in order:
+                now = max(now, rel[t]) + size[t]
+                total += now
+            best = min(best, total)
+        assert srpt_total(rel, size) <= best + 1e-9
+        # Weights all 1: the mean-busy-time bound is weaker than SRPT but valid.
+        assert wspt_mean_busy_bound(rel, size, [1.0] * n) <= srpt_total(rel, size) + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_completion_bound_is_below_the_exhaustive_optimum(seed):
+    profile, cluster = random_instance(seed, max_tasks=4, max_nodes=2)
+    rng = random.Random(seed)
+    release = {t: float(rng.randint(0, 8)) for t in profile.tasks} if seed % 2 else {}
+    weights = {t: float(rng.randint(1, 3)) for t in profile.tasks} if seed % 3 == 0 else {}
+    opt = _brute_force_total_completion(profile, cluster, release, weights)
+    problem = build_problem(profile, cluster, PlanningContext(release_s=release))
+    cb = completion_lower_bound(problem, [weights.get(t, 1.0) for t in problem.tasks])
+    assert cb.total <= opt * (1 + 1e-9)
+    # The plan for completion is valid (the solver validates it) and never beats the optimum.
+    plan = solve(profile, cluster, context=PlanningContext(release_s=release), objective="completion",
+                 time_limit_s=2)
+    total = sum(weights.get(a.task, 1.0) * a.end_s for a in plan.assignments)
+    assert total >= opt * (1 - 1e-9)
+    # On these small instances the heuristic is near the optimum.
+    assert total <= 1.35 * opt + 1e-9
+
+
+# ----------------------------------------------------------------- against theory
+
+
+def test_one_gpu_completion_plan_is_spt():
+    """One GPU, no releases: shortest processing time first is optimal (Smith 1956)."""
+    rng = random.Random(0)
+    specs = [(f"t{i}", [(1, 1.0)], rng.randint(5, 100)) for i in range(8)]
+    profile = rows_profile(*specs)
+    plan = solve(profile, ClusterSpec.uniform(1, 1), objective="completion", time_limit_s=2)
+    sizes = sorted(steps for _, _, steps in specs)
+    spt = sum(itertools.accumulate(sizes))
+    assert sum(a.end_s for a in plan.assignments) == pytest.approx(spt)
+    assert plan.completion_lower_bound_s == pytest.approx(spt / len(sizes), rel=1e-6)  # the bound is tight here
+    assert plan.status == "optimal"
+    # The makespan objective does not care: on this input it is free to pick any order.
+    assert plan.mean_completion_s == pytest.approx(spt / len(sizes))
+
+
+def _hesrpt_total(sizes: list[float], servers: int, p: float) -> float:
+    """heSRPT's optimal total completion time for jobs present at 0 with speed-up s(k) = k^p on
+    ``servers`` divisible servers (Berg et al. 2020): with m jobs left, ranked 1 (largest) to m,
+    rank i gets the fraction (i/m)^c - ((i-1)/m)^c of the servers, c = 1/(1-p)."""
+    left = sorted(sizes, reverse=True)
+    now, total = 0.0, 0.0
+    c = 1.0 / (1.0 - p)
+    while left:
+        m = len(left)
+        rates = [((i / m) ** c - ((i - 1) / m) ** c) ** p * servers**p for i in range(1, m + 1)]
+        dt = min(x / r for x, r in zip(left, rates, strict=True))
+        now += dt
+        left = [x - r * dt for x, r in zip(left, rates, strict=True)]
+        done = [x for x in left if x <= 1e-9 * max(sizes)]
+        total += now * len(done)
+        left = [x for x in left if x > 1e-9 * max(sizes)]
+    return total
+
+
+@pytest.mark.parametrize("p", [0.5, 0.8])
+def test_completion_plan_against_hesrpt(p):
+    """Jobs with speed-up k^p on one 8-GPU node: heSRPT's fluid optimum (divisible GPUs, free
+    preemption) bounds every plan from below; the completion plan stays within 25% of it, and is
+    better than both fixed rules (every job on all GPUs in SRPT order; every job on one GPU)."""
+    rng = random.Random(1)
+    sizes = [float(rng.randint(50, 2000)) for _ in range(10)]
+    specs = [(f"j{i}", [(g, 1.0 / g**p) for g in range(1, 9)], int(s)) for i, s in enumerate(sizes)]
+    profile = rows_profile(*specs)
+    cluster = ClusterSpec.uniform(1, 8)
+    plan = solve(profile, cluster, objective="completion", time_limit_s=5)
+    total = sum(a.end_s for a in plan.assignments)
+    fluid = _hesrpt_total([float(int(s)) for s in sizes], 8, p)
+    assert total >= fluid * (1 - 1e-6)
+    assert total <= 1.25 * fluid
+    ints = sorted(float(int(s)) for s in sizes)
+    all_gpus_srpt = sum(itertools.accumulate(x / 8**p for x in ints))
+    assert total <= all_gpus_srpt + 1e-6
+    one_gpu = sum(sorted(ints)[:8]) + sum(ints[8:]) + 2 * ints[0]  # two jobs wait for the first GPUs to free
+    assert total < one_gpu
+
+
+# ----------------------------------------------------------------- plans and re-planning
+
+
+def test_online_objective_keeps_the_makespan_near_the_best():
+    profile = rows_profile(
+        ("long", [(1, 10.0), (2, 5.5), (4, 3.0)], 100),
+        *[(f"s{i}", [(1, 1.0), (2, 0.6), (4, 0.4)], 20 + 5 * i) for i in range(6)],
+    )
+    cluster = ClusterSpec.uniform(1, 4)
+    mk = solve(profile, cluster, time_limit_s=2)
+    comp = solve(profile, cluster, objective="completion", time_limit_s=2)
+    online = solve(profile, cluster, objective="online", time_limit_s=2)
+    assert online.makespan_s <= mk.makespan_s * 1.03 + 1e-6
+    assert comp.mean_completion_s <= online.mean_completion_s + 1e-6
+    assert online.objective == "online" and online.mean_completion_s is not None
+    # Round trip through JSON keeps the completion fields; the validator re-checks them.
+    again = type(online).from_json(online.to_json())
+    assert again.mean_completion_s == pytest.approx(online.mean_completion_s)
+    again.validate(profile, cluster)
+    again.completion_lower_bound_s = again.mean_completion_s * 2
+    with pytest.raises(Exception, match="completion-time lower bound"):
+        again.validate(profile, cluster)
+
+
+def test_objective_gain_respects_the_online_slack():
+    from ray_saturn.plan import Assignment, Plan
+
+    keep = Plan("saturn", 100.0, 50.0, 0.0, "feasible",
+                [Assignment("a", "ddp", 1, ("n",), 0.0, 100.0), Assignment("b", "ddp", 1, ("n",), 0.0, 90.0)])
+    move = Plan("saturn", 110.0, 50.0, 0.0, "feasible",
+                [Assignment("a", "ddp", 1, ("n",), 0.0, 110.0), Assignment("b", "ddp", 1, ("n",), 0.0, 10.0)])
+    assert objective_gain(keep, move, "makespan", {}) == pytest.approx(-10.0)
+    assert objective_gain(keep, move, "completion", {}) == pytest.approx(70.0)
+    assert objective_gain(keep, move, "online", {}) == pytest.approx(-10.0)  # 10% over: not worth it
+
+
+def test_controller_shrinks_a_long_job_for_a_short_arrival():
+    """SRPT with elastic GPUs: a long job holds the node; a short one arrives. Under the completion
+    objective the long job is moved to fewer GPUs at once (paying its restart) and the short one
+    starts; under the makespan objective the short one waits."""
+    profile = rows_profile(
+        ("long", [(1, 10.0), (2, 5.2), (4, 2.8)], 1000),
+        ("short", [(1, 1.0), (2, 0.55), (4, 0.3)], 100),
+    )
+    cluster = ClusterSpec.uniform(1, 4)
+    ends = {}
+    for objective in ("makespan", "completion"):
+        ctl = Controller(profile, cluster, "saturn-replan", restart_s=5.0, solver_time_limit_s=1,
+                         objective=objective)
+        first = ctl.start(0.0, arrived=["long"])
+        assert [a.placement.gpus for a in first] == [4]
+        actions = ctl.handle(TaskArrived(time_s=100.0, task="short"))
+        kinds = [(a.kind, a.task) for a in actions]
+        if objective == "completion":
+            assert ("stop", "long") in kinds and ("launch", "short") in kinds
+            assert ctl.moves == 1
+        else:
+            assert ctl.moves == 0 and ("launch", "short") not in kinds
+        ends[objective] = ctl.plan.by_task()["short"].end_s + 100.0
+    assert ends["completion"] < ends["makespan"]
+    ctl.handle(TaskFinished(time_s=ends["completion"], task="short"))
+
+
+def test_simulated_online_run_beats_makespan_objective_on_arrivals():
+    rng = random.Random(5)
+    specs = []
+    for i in range(14):
+        steps = rng.choice([50, 80, 120, 2000, 3000])
+        specs.append((f"t{i}", [(1, 1.0), (2, 0.55), (4, 0.3), (8, 0.18)], steps))
+    profile = rows_profile(*specs)
+    cluster = ClusterSpec.uniform(2, 4)
+    arrivals = {t: 40.0 * i for i, t in enumerate(profile.tasks)}
+    out = {}
+    for objective in ("makespan", "online"):
+        cfg = SimConfig(arrivals=arrivals, objective=objective, solver_time_limit_s=0.5, deterministic=True)
+        out[objective] = simulate(profile, cluster, "saturn-replan", cfg)
+    bound = oracle_completion_bound(profile, cluster, SimConfig(arrivals=arrivals))
+    assert bound <= out["online"].mean_completion_s
+    assert out["online"].mean_completion_s < out["makespan"].mean_completion_s
+    assert out["online"].makespan_s <= out["makespan"].makespan_s * 1.10
+
+
+def test_weights_come_from_a_profile_column():
+    rows = [
+        {"task": "a", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 10, "weight": 1.0},
+        {"task": "b", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 12, "weight": 5.0},
+    ]
+    profile = ProfileTable.from_rows(rows)
+    plan = solve(profile, ClusterSpec.uniform(1, 1), objective="completion", time_limit_s=1)
+    # Smith's rule: b (12/5) before a (10/1).
+    assert plan.by_task()["b"].start_s == 0.0
+    bad = ProfileTable.from_rows([{**rows[0], "weight": -1.0}])
+    with pytest.raises(SpecError, match="weight"):
+        solve(bad, ClusterSpec.uniform(1, 1), objective="completion", time_limit_s=1)
+
+
+# ----------------------------------------------------------------- CLI
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "from ray_saturn.cli import main; raise SystemExit(main())",
+                           *args], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_plan_and_simulate_take_an_objective(tmp_path):
+    profile = rows_profile(*[(f"t{i}", [(1, 1.0), (2, 0.6)], 10 * (i + 1)) for i in range(4)])
+    path = tmp_path / "p.csv"
+    profile.write(path)
+    r = _cli("plan", str(path), "--nodes", "1", "--gpus-per-node", "2", "--objective", "completion",
+             "--time-limit", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["objective"] == "completion" and d["completion_lower_bound_s"] <= d["mean_completion_s"]
+    trace = tmp_path / "arrivals.csv"
+    trace.write_text("task,arrival_s\nt0,0\nt1,5\nt2,10\nt3,15\n")
+    for arrivals, objective in (("batch", "makespan"), (str(trace), "online")):
+        r = _cli("simulate", str(path), "--nodes", "1", "--gpus-per-node", "2", "--arrivals", arrivals,
+                 "--policies", "saturn-replan,fifo-min-gpus", "--noise", "0", "--solver-time-limit", "0.5",
+                 "--json")
+        assert r.returncode == 0, r.stderr
+        d = json.loads(r.stdout)
+        assert d["objective"] == objective
+        assert d["completion_lower_bound_s"] <= min(p["mean_completion_s"] for p in d["policies"].values())
+    r = _cli("simulate", str(path), "--nodes", "1", "--gpus-per-node", "2", "--objective", "fast")
+    assert r.returncode == 2 and "invalid choice" in r.stderr
