@@ -58,8 +58,11 @@ def measured_step_s(width: int) -> float:
 def estimate(config: dict, steps: int, max_gpus: int) -> list[dict]:
     single = measured_step_s(config["width"])
     rows = [{"strategy": "single", "gpus": 1, "step_time_s": single, "steps": steps}]
-    rows += [{"strategy": "ddp", "gpus": g, "step_time_s": single / (g * DDP_EFFICIENCY), "steps": steps}
-             for g in (2, 4) if g <= max_gpus]
+    rows += [
+        {"strategy": "ddp", "gpus": g, "step_time_s": single / (g * DDP_EFFICIENCY), "steps": steps}
+        for g in (2, 4)
+        if g <= max_gpus
+    ]
     return rows
 
 
@@ -94,16 +97,25 @@ def main() -> None:
         run_config=tune.RunConfig(name="saturn-tune-search", storage_path=args.storage, verbose=1),
     )
     grid = tuner.fit()
-    print("ray_saturn first plan:", scheduler.plans[0].to_json())
-    print("ray_saturn last plan:", scheduler.plans[-1].to_json())
-    print(f"ray_saturn: {len(scheduler.plans)} plans, {len(scheduler.moves)} moves")
+    scheduler.close()
+    print("ray_saturn first plan:", json.dumps(scheduler.plans[0].to_dict()))
+    print("ray_saturn last plan:", scheduler.controller.plan.to_json())
+    stats = scheduler.stats()
+    print(
+        f"ray_saturn: {stats.replans} plans, {stats.moves} moves ({stats.resizes_that_changed_size} changed size), "
+        f"longest scheduler hook {stats.max_hook_ms:.0f} ms, restart cost measured {stats.restart_s:.1f} s"
+    )
     for r in sorted(grid, key=lambda r: r.metrics.get("loss", float("inf"))):
         d = r.config["_saturn"]
-        print(f"trial width={r.config['width']:<3} lr={r.config['lr']:<6g} {d['strategy']:>6}x{d['gpus']} "
-              f"iterations={r.metrics['training_iteration']} loss={r.metrics['loss']:.3f}")
+        print(
+            f"trial width={r.config['width']:<3} lr={r.config['lr']:<6g} {d['strategy']:>6}x{d['gpus']} "
+            f"iterations={r.metrics['training_iteration']} loss={r.metrics['loss']:.3f}"
+        )
     best = grid.get_best_result()
-    print("best:", json.dumps({"width": best.config["width"], "lr": best.config["lr"],
-                               "loss": round(best.metrics["loss"], 4)}))
+    print(
+        "best:",
+        json.dumps({"width": best.config["width"], "lr": best.config["lr"], "loss": round(best.metrics["loss"], 4)}),
+    )
     if grid.errors:
         raise SystemExit(f"{len(grid.errors)} trial(s) failed")
 

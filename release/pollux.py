@@ -17,8 +17,15 @@ time linear in the replica count, fitted separately for one node and for
 several nodes on the measured rows. Rows built that way carry
 ``source=model`` in an extra column; measured ones ``source=trace``.
 
+A sweep (``--sweep APPS``) is the other shape of workload, a hyper-parameter
+search as Ray Tune runs one: one task per (app, batch size in the app's
+validation traces) whose local batch fits one GPU, with rows on 1, 2, 4, ...
+GPUs of one node (``single`` on 1 GPU, ``ddp`` on more), so every task can run
+on any GPU count a Tune trial could be given.
+
 Usage:
     python release/pollux.py --tasks 64 --nodes 4 --gpus-per-node 4 -o profile.csv
+    python release/pollux.py --sweep cifar10,deepspeech2,ncf --gpus-per-node 4 -o sweep.csv
 """
 
 from __future__ import annotations
@@ -195,6 +202,36 @@ def build_rows(
     return rows, arrivals
 
 
+def build_sweep_rows(apps: list[str], gpus_per_node: int, *, root: Path = DEFAULT_ROOT) -> list[dict]:
+    """Rows of a sweep (see the module docstring): ``<app>-b<batch>`` per batch size that fits one GPU."""
+    rows: list[dict] = []
+    for app in apps:
+        if app not in EPOCHS:
+            raise SystemExit(f"unknown app {app!r}; choose from {', '.join(APPS)}")
+        trace = load_app(app, root)
+        for batch in sorted(trace.validation):
+            if trace.step_time(batch, 1, 1) is None:
+                continue  # does not fit one GPU
+            steps = trace.steps(batch)
+            for g in gpu_counts(gpus_per_node):
+                st = trace.step_time(batch, g, 1)
+                row = {
+                    "task": f"{app}-b{batch}",
+                    "strategy": "single" if g == 1 else "ddp",
+                    "gpus": g,
+                    "nodes": 1,
+                    "steps": steps,
+                }
+                if st is None:
+                    row.update(step_time_s=None, feasible=False, source="oom")
+                else:
+                    row.update(step_time_s=round(st[0], 6), feasible=True, source=st[1])
+                rows.append(row)
+    if not rows:
+        raise SystemExit(f"no batch size of {', '.join(apps)} fits one GPU")
+    return rows
+
+
 def _read_workload(root: Path, k: int) -> list[tuple[str, int, float]]:
     rows = _read(root / "workloads" / f"workload-{k}.csv")
     return [(r["application"], int(r["batch_size"]), float(r["time"])) for r in rows]
@@ -214,9 +251,22 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--gpus-per-node", type=int, default=4)
     ap.add_argument("--workload", type=int, default=None)
+    ap.add_argument(
+        "--sweep",
+        default=None,
+        metavar="APPS",
+        help="comma-separated apps: a hyper-parameter sweep on one node (ignores --tasks, --nodes)",
+    )
     ap.add_argument("-o", "--output", required=True)
     args = ap.parse_args()
-    table, _ = build_profile(args.tasks, args.nodes, args.gpus_per_node, workload=args.workload)
+    if args.sweep:
+        from ray_saturn import ProfileTable
+
+        table = ProfileTable.from_rows(
+            build_sweep_rows(args.sweep.split(","), args.gpus_per_node), source=f"pollux-sweep-{args.sweep}"
+        )
+    else:
+        table, _ = build_profile(args.tasks, args.nodes, args.gpus_per_node, workload=args.workload)
     table.write(args.output)
     print(f"wrote {args.output}: {table}")
 

@@ -1,74 +1,81 @@
-"""SaturnScheduler: a Tune TrialScheduler that decides each trial's strategy, GPUs and start order.
+"""SaturnScheduler: Tune's scheduler hooks driven by ray_saturn's control plane.
 
-It wraps the user's scheduler (ASHA, HyperBand, FIFO, ...), which keeps
-deciding *whether* a trial continues; ray_saturn decides *how* and *when*:
+It wraps the user's scheduler (ASHA, MedianStoppingRule, FIFO, ...), which
+keeps deciding *whether* a trial continues; the
+:class:`~ray_saturn.control.Controller` that ``run`` and ``simulate`` use
+decides *how* (strategy, GPU count, node) and *when*. The hooks turn Tune's
+events into the controller's and its actions into Tune's:
 
-- on_trial_add (a trial arrives online from any search algorithm): the
-  trial is held (PAUSED, no actor, no resources) and every trial that has
-  not ended is re-planned with ``ray_saturn.plan`` on the cluster: running
-  trials are pinned where they run (movable at ``restart_s`` set-up when
-  ``allow_moves``), the others get a strategy, a GPU count, a node and a
-  start time.
-- choose_trial_to_run: held trials are released in planned start order as
-  soon as their planned GPUs are free on their planned node (the ledger
-  counts only trials this scheduler released and that have not ended). A
-  released trial's placement group is one bundle of ``g`` GPUs (STRICT_PACK,
-  pinned to the node by its ``node:<ip>`` resource when node IPs are unique)
-  and its config carries ``{"_saturn": {"strategy", "gpus"}}`` for
-  :func:`saturn_trainable`.
-- on_trial_result: progress and the measured step time replace the
-  estimate; a trial >10% off its estimate, or ``replan_interval_s`` elapsed,
-  triggers a re-plan; if the new plan moves a running trial, the trial is
-  PAUSED (Tune checkpoints it and stops its actor, so its GPUs are freed) and
-  resumed with the new resources from its checkpoint.
-- on_trial_complete / on_trial_error / on_trial_remove (also a trial
-  early-stopped by ASHA): its GPUs leave the ledger at once and the
-  remaining trials are re-planned.
+=====================================  ==========================================
+Tune                                    control plane
+=====================================  ==========================================
+``on_trial_add``                        the trial's rows join the run; ``TaskArrived``
+``on_trial_result``                     progress (steps done, measured s/step)
+``on_trial_complete`` (also ASHA stop)  ``TaskFinished``
+``on_trial_error`` / ``on_trial_remove``  ``TaskFailed`` (final unless Tune retries it)
+``Launch``                              the trial is released with a bundle of its
+                                        GPUs on its node and ``config["_saturn"]``
+``Stop`` (a move)                       ``PAUSE`` at its next result, then
+                                        ``update_resources`` and a restart from its
+                                        checkpoint on the new GPUs
+=====================================  ==========================================
 
-Traps avoided: the trial never starts a Ray Train run or placement group of
-its own (no nested placement group waiting for GPUs its parent holds), and
-a held or paused trial has no actor, so it holds no GPUs. ``reuse_actors``
-must be False (a cached actor would keep its GPUs); this is checked.
+The move rule is the controller's: a running trial moves only when the
+predicted gain exceeds the measured restart cost and its target GPUs are
+free. Re-planning never blocks a hook: the controller's solve calls return
+the best cheap plan at once, and a background thread runs the full solver
+(:mod:`ray_saturn.tune._planner`); a finished background plan is applied in
+the next hook. Events are batched per Tune step (all trials a searcher adds
+in one step are planned together).
+
+Tune-only parts stay here: trials waiting for their GPUs are held as PAUSED
+trials (no actor, no resources); a trial's GPUs count as free only once Tune
+has really let them go (a moved trial is paused, a finished one ended), so a
+launch waits for them; ``reuse_actors`` must be False. A config that cannot
+be estimated or placed errors that trial alone: it is released with no GPU
+and ``config["_saturn"]["error"]``, which :func:`saturn_trainable` (and
+:func:`trial_decision` in a trainable of your own) raises as its error.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import math
+import statistics
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from ray_saturn.context import PlanningContext, RunningTask
+from ray_saturn.control import Controller, Launch, Stop, TaskArrived, TaskFailed, TaskFinished, TaskState, Tick
 from ray_saturn.errors import SaturnError
 from ray_saturn.metrics import RunMetrics
-from ray_saturn.plan import Plan
-from ray_saturn.profile_table import ProfileTable
 from ray_saturn.spec import ClusterSpec
-from ray_saturn.strategies import get_strategy
-from ray_saturn.tune._trainable import tune_strategies
+from ray_saturn.tune._planner import BackgroundPlanner, same_decisions
+from ray_saturn.tune._rows import TrialRejected, TrialRows, trial_rows
 
-__all__ = ["GpuEvent", "SaturnScheduler", "TuneIntegrationError"]
+__all__ = ["GpuEvent", "Move", "SaturnScheduler", "SchedulerStats", "TuneIntegrationError"]
 
 logger = logging.getLogger(__name__)
 
-#: A trial this far off its estimated step time triggers a re-plan.
-OFF_ESTIMATE = 0.10
+#: Key of ray_saturn's decision in a trial's config.
+DECISION_KEY = "_saturn"
+#: Tune retries are Tune's to decide (FailureConfig); the controller never gives up on its own.
+_NO_LIMIT = 10**9
 
 
 class TuneIntegrationError(SaturnError, ValueError):
-    """The Tune integration was set up or used wrongly (bad estimate, reuse_actors, ...)."""
+    """The Tune integration was set up or used wrongly (bad argument, reuse_actors, ...)."""
 
 
 @dataclass(frozen=True)
 class GpuEvent:
-    """A change of the scheduler's GPU ledger: ``gpus`` > 0 taken, < 0 given back."""
+    """A change of the GPUs Tune holds for trials: ``gpus`` > 0 taken, < 0 given back."""
 
     time_s: float
     trial: str
@@ -77,62 +84,92 @@ class GpuEvent:
     reason: str
 
 
+@dataclass(frozen=True)
+class Move:
+    """A running trial moved (paused and restarted) from one placement to another."""
+
+    time_s: float
+    trial: str
+    from_strategy: str
+    from_gpus: int
+    from_node: str
+    to_strategy: str
+    to_gpus: int
+    to_node: str
+    reason: str
+
+    @property
+    def changed_size(self) -> bool:
+        return self.from_gpus != self.to_gpus
+
+
 @dataclass
-class _TrialInfo:
-    rows: list[dict[str, Any]]
-    total_steps: int
+class SchedulerStats:
+    """What the scheduler did and what its hooks cost (wall milliseconds)."""
+
+    trials: int
+    rejected: int
+    replans: int
+    moves: int
+    resizes_that_changed_size: int
+    max_gpus_in_use: int
+    restart_s: float
+    max_hook_ms: float
+    hook_ms: dict[str, float]
+    hook_calls: int
+    planner: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass
+class _TrialState:
+    trial: Any
+    config: dict[str, Any]
+    rows: TrialRows | None = None
+    rejected: str | None = None
+    #: held | launching | running | stopping | ended (Tune's side of the trial)
+    phase: str = "held"
+    in_controller: bool = False
+    placement: tuple[str, int, str] | None = None  # (strategy, gpus, node) while it holds GPUs
     steps_done: int = 0
-    measured_step_s: float | None = None
-    current: tuple[str, int, str] | None = None  # (strategy, gpus, node) while released
-    ended: bool = False
-    resize_to: tuple[str, int, str] | None = None
-    arrived_s: float = 0.0
-
-    def estimate(self, strategy: str, gpus: int) -> float | None:
-        for r in self.rows:
-            if r["strategy"] == strategy and r["gpus"] == gpus:
-                return float(r["step_time_s"])
-        return None
-
-
-@dataclass
-class _Ledger:
-    cluster: ClusterSpec
-    held: dict[str, tuple[str, int]] = field(default_factory=dict)  # trial -> (node, gpus)
-
-    def free(self, node: str) -> int:
-        return self.cluster.node(node).gpus - sum(g for n, g in self.held.values() if n == node)
-
-    def used(self) -> int:
-        return sum(g for _, g in self.held.values())
+    released_at: float | None = None
+    steps_at_release: int = 0
+    pause_at: float | None = None
+    warned_steps: bool = False
+    paused_by_base: bool = False
+    errors: list[str] = field(default_factory=list)
 
 
 class SaturnScheduler(TrialScheduler):
-    """Let ray_saturn choose each Tune trial's strategy, GPU count and start order.
+    """Let ray_saturn choose each Tune trial's strategy, GPU count, node and start order.
 
     Args:
-        estimate: ``config -> rows``, each row ``{"strategy", "gpus",
-            "step_time_s", "steps"}`` (seconds per optimizer step on that
-            many GPUs, and the trial's total steps; optional ``knobs``,
-            ``feasible``, ``nodes``). Rows of ``ray_saturn.profile`` fit as
-            they are; multi-node rows are ignored (a trial is one bundle).
+        estimate: ``config -> rows`` for the task a trial's config trains: a
+            list of mappings (``strategy``, ``gpus``, ``step_time_s``,
+            ``steps``; optional ``nodes``, ``feasible``, ``knobs``), of
+            ``Config`` rows, or a :class:`~ray_saturn.ProfileTable` of that one
+            task (see :mod:`ray_saturn.tune._rows` for how a config maps to
+            profiled rows). Step times are seconds per optimizer step.
         base_scheduler: the early-stopping scheduler (e.g. ``ASHAScheduler``);
-            default FIFO.
+            default FIFO. It must stop trials, not pause them.
         cluster: the GPUs the trials may use; default: the connected Ray
-            cluster's GPU nodes (``ClusterSpec.from_ray()``).
-        policy: the planning policy (``saturn``, or a baseline).
-        restart_s: set-up seconds a move costs (checkpoint, stop, restart).
-        allow_moves: let re-planning resize or move running trials.
-        replan_interval_s: re-plan at least this often while trials report.
+            cluster's GPU nodes (``ClusterSpec.from_ray()``), read at the first trial.
+        policy: the re-planning policy, as for ``ray_saturn.run``
+            (``saturn-replan``, ``saturn-static``, ``saturn-periodic``, or a
+            baseline such as ``fifo-min-gpus``).
+        restart_s: seconds a move costs until measured; from the first
+            measurement on, the median measured restart (pause, actor start,
+            checkpoint restore) is used.
         cpus_per_trial: CPUs in each trial's bundle besides its GPUs.
-        solver_time_limit_s: time limit per plan (plans are made inside
-            Tune's event loop, so keep it small).
+        solver_time_limit_s: time limit of each background solve.
         run_name: the ``run`` tag of the dashboard metrics.
+        clock: seconds now (for tests); default ``time.monotonic``.
 
     Example:
-        >>> from ray import tune
         >>> from ray.tune.schedulers import ASHAScheduler
-        >>> from ray_saturn.tune import SaturnScheduler, saturn_trainable
+        >>> from ray_saturn.tune import SaturnScheduler
         >>> rows = lambda config: [
         ...     {"strategy": "single", "gpus": 1, "step_time_s": 0.2, "steps": 100},
         ...     {"strategy": "ddp", "gpus": 2, "step_time_s": 0.12, "steps": 100}]
@@ -143,51 +180,94 @@ class SaturnScheduler(TrialScheduler):
 
     def __init__(
         self,
-        estimate: Callable[[Mapping[str, Any]], Sequence[Mapping[str, Any]]],
+        estimate: Callable[[Mapping[str, Any]], Any],
         *,
         base_scheduler: TrialScheduler | None = None,
         cluster: ClusterSpec | None = None,
-        policy: str = "saturn",
+        policy: str = "saturn-replan",
         restart_s: float = 5.0,
-        allow_moves: bool = True,
-        replan_interval_s: float = 15.0,
         cpus_per_trial: float = 1.0,
-        solver_time_limit_s: float = 1.0,
+        solver_time_limit_s: float = 0.5,
         run_name: str | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         super().__init__()
+        from ray_saturn.control import get_replan_policy
+
         if not callable(estimate):
-            raise TuneIntegrationError("estimate must be a function config -> list of profile rows")
-        if not (restart_s >= 0 and math.isfinite(restart_s)):
-            raise TuneIntegrationError(f"restart_s is {restart_s}; it must be a finite number >= 0")
-        if not replan_interval_s > 0:
-            raise TuneIntegrationError(f"replan_interval_s is {replan_interval_s}; it must be > 0")
-        if cpus_per_trial < 0:
-            raise TuneIntegrationError(f"cpus_per_trial is {cpus_per_trial}; it must be >= 0")
+            raise TuneIntegrationError("estimate must be a function config -> the rows of that config's task")
+        if not (isinstance(restart_s, int | float) and restart_s >= 0 and math.isfinite(restart_s)):
+            raise TuneIntegrationError(f"restart_s is {restart_s!r}; it must be a finite number >= 0")
+        if not (isinstance(cpus_per_trial, int | float) and cpus_per_trial >= 0):
+            raise TuneIntegrationError(f"cpus_per_trial is {cpus_per_trial!r}; it must be >= 0")
+        if not (isinstance(solver_time_limit_s, int | float) and solver_time_limit_s > 0):
+            raise TuneIntegrationError(f"solver_time_limit_s is {solver_time_limit_s!r}; it must be > 0")
+        try:
+            self._replan_policy = get_replan_policy(policy)
+        except SaturnError as exc:
+            raise TuneIntegrationError(str(exc)) from None
         self._estimate = estimate
         self._base = base_scheduler or FIFOScheduler()
         self._cluster = cluster
-        self._policy = policy
         self._restart_s = float(restart_s)
-        self._allow_moves = bool(allow_moves)
-        self._replan_interval_s = float(replan_interval_s)
         self._cpus = float(cpus_per_trial)
         self._time_limit_s = float(solver_time_limit_s)
-        self._trials: dict[str, _TrialInfo] = {}
-        self._ledger: _Ledger | None = None
-        self._node_ips: dict[str, str] = {}
-        self._plan: Plan | None = None
-        self._plan_at = 0.0
-        self._dirty = False
-        self._t0 = time.monotonic()
+        self._clock = clock or time.monotonic
+        self._t0: float | None = None
+        self._ctl: Controller | None = None
+        self._planner = BackgroundPlanner(
+            time_limit_s=self._time_limit_s, allows_moves=self._replan_policy.allows_moves
+        )
+        self._trials: dict[str, _TrialState] = {}
+        self._arrivals: list[str] = []
+        self._ended: list[tuple[str, bool, str, bool]] = []  # (trial, finished, reason, retry)
+        self._launches: dict[str, Launch] = {}
+        self._held: dict[str, tuple[str, int]] = {}  # trial -> (node, GPUs) Tune holds for it
+        self._node_ids: dict[str, str] = {}
+        self._reuse_checked = False
+        self._latencies: list[float] = []
+        self._stop_costs: list[float] = []
+        self._hook_ms: dict[str, float] = {}
+        self._hook_calls = 0
+        self._max_in_use = 0
         self.run_name = run_name or f"tune-{uuid.uuid4().hex[:8]}"
         self.metrics = RunMetrics(self.run_name)
-        #: Every plan made, in order (the first on the first arrival).
-        self.plans: list[Plan] = []
-        #: Every change of the GPU ledger.
+        #: Every change of the GPUs Tune holds for trials.
         self.gpu_events: list[GpuEvent] = []
-        #: Trials moved (paused and resized) by re-planning: (trial, from, to).
-        self.moves: list[tuple[str, tuple[str, int], tuple[str, int]]] = []
+        #: Every move made (a running trial paused and restarted elsewhere).
+        self.moves: list[Move] = []
+        _warm_up_solver()
+
+    # ------------------------------------------------------------ public views
+    @property
+    def controller(self) -> Controller | None:
+        """The control plane (``None`` until the first trial arrives)."""
+        return self._ctl
+
+    @property
+    def plans(self) -> list:
+        """Every re-plan record of the controller (reasons, solver time, moves decided)."""
+        return list(self._ctl.replans) if self._ctl else []
+
+    def stats(self) -> SchedulerStats:
+        changed = sum(m.changed_size for m in self.moves)
+        return SchedulerStats(
+            trials=len(self._trials),
+            rejected=sum(s.rejected is not None for s in self._trials.values()),
+            replans=len(self._ctl.replans) if self._ctl else 0,
+            moves=len(self.moves),
+            resizes_that_changed_size=changed,
+            max_gpus_in_use=self._max_in_use,
+            restart_s=self._ctl.restart_s if self._ctl else self._restart_s,
+            max_hook_ms=max(self._hook_ms.values(), default=0.0),
+            hook_ms=dict(self._hook_ms),
+            hook_calls=self._hook_calls,
+            planner=self._planner.stats.to_dict(),
+        )
+
+    def close(self) -> None:
+        """Stop the background planner (Tune does not tell a scheduler that the run ended)."""
+        self._planner.close()
 
     # ------------------------------------------------------------ Tune hooks
     @property
@@ -198,247 +278,388 @@ class SaturnScheduler(TrialScheduler):
         return self._base.set_search_properties(metric, mode, **spec)
 
     def on_trial_add(self, tune_controller, trial: Trial) -> None:
-        self._base.on_trial_add(tune_controller, trial)
-        if trial.trial_id in self._trials or trial.status in (Trial.TERMINATED, Trial.ERROR):
-            return
-        user_config = {k: v for k, v in trial.config.items() if k != "_saturn"}
-        self._trials[trial.trial_id] = self._rows_for(trial.trial_id, user_config)
-        self.metrics.task_state(trial.trial_id, "queued")
-        # Held until the plan releases it: a PAUSED trial has no actor and no resources.
-        trial.set_status(Trial.PAUSED)
-        self._replan("arrival of " + trial.trial_id)
-
-    def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
-        info = self._trials.get(trial.trial_id)
-        decision = self._base.on_trial_result(tune_controller, trial, result)
-        if info is None:
-            return decision
-        step = result.get("saturn_step")
-        if step is not None:
-            info.steps_done = int(step)
-        step_s = result.get("saturn_step_time_s")
-        if step_s is not None and step_s > 0:
-            info.measured_step_s = float(step_s)
-            if info.current is not None:
-                est = info.estimate(info.current[0], info.current[1])
-                if est and abs(step_s - est) > OFF_ESTIMATE * est:
-                    self._dirty = True
-        self.metrics.task_progress(
-            trial.trial_id, steps_done=info.steps_done, total_steps=info.total_steps, step_time_s=step_s
-        )
-        if decision != TrialScheduler.CONTINUE or not self._allow_moves or info.current is None:
-            return decision
-        if self._dirty or self._now() - self._plan_at >= self._replan_interval_s:
-            self._replan("progress" if not self._dirty else "off estimate")
-        new = self._planned(trial.trial_id)
-        if new is not None and new != info.current and info.steps_done < info.total_steps:
-            info.resize_to = new
-            self.moves.append((trial.trial_id, info.current[:2], new[:2]))
-            self.metrics.moved()
-            logger.info("moving trial %s from %s to %s (checkpoint-restart)", trial.trial_id, info.current, new)
-            return TrialScheduler.PAUSE
-        return decision
-
-    def on_trial_complete(self, tune_controller, trial: Trial, result: dict) -> None:
-        self._base.on_trial_complete(tune_controller, trial, result)
-        self._ended(trial, "finished")
-
-    def on_trial_error(self, tune_controller, trial: Trial) -> None:
-        self._base.on_trial_error(tune_controller, trial)
-        self._ended(trial, "failed")
-
-    def on_trial_remove(self, tune_controller, trial: Trial) -> None:
-        self._base.on_trial_remove(tune_controller, trial)
-        self._ended(trial, "finished")
+        with self._hook("on_trial_add"):
+            self._base.on_trial_add(tune_controller, trial)
+            st = self._trials.get(trial.trial_id)
+            if st is not None:  # Tune re-adds a trial it retries after an error: hold it again
+                if st.phase != "ended" and trial.status == Trial.PENDING:
+                    tune_controller._set_trial_status(trial, Trial.PAUSED)
+                return
+            if trial.status in (Trial.TERMINATED, Trial.ERROR):
+                return
+            config = {k: v for k, v in trial.config.items() if k != DECISION_KEY}
+            st = _TrialState(trial, config)
+            self._trials[trial.trial_id] = st
+            self._now()  # the clock starts at the first trial
+            try:
+                st.rows = trial_rows(self._estimate(config), max_gpus_per_node=self._max_gpus_per_node())
+            except TrialRejected as exc:
+                st.rejected = str(exc)
+            except SaturnError:
+                raise  # a set-up error (no cluster): the whole search is wrong, say so
+            except Exception as exc:
+                st.rejected = f"the estimate raised {type(exc).__name__}: {exc}"
+            # Held until the plan releases it: a PAUSED trial has no actor and no resources.
+            trial.set_status(Trial.PAUSED)
+            if st.rejected is not None:
+                st.rejected = f"trial {trial.trial_id} (config {_short(config)}) cannot run: {st.rejected}"
+                logger.warning("%s", st.rejected)
+                st.phase = "launching"
+            else:
+                self._arrivals.append(trial.trial_id)
+                self.metrics.task_state(trial.trial_id, "queued")
 
     def choose_trial_to_run(self, tune_controller) -> Trial | None:
-        if getattr(tune_controller, "_reuse_actors", False):
+        with self._hook("choose_trial_to_run"):
+            self._check_reuse_actors(tune_controller)
+            now = self._now()
+            self._observe_pauses(now)
+            self._step(now)
+            return self._release(tune_controller, now)
+
+    def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
+        with self._hook("on_trial_result"):
+            decision = self._base.on_trial_result(tune_controller, trial, result)
+            st = self._trials.get(trial.trial_id)
+            if st is None or st.phase not in ("running", "stopping") or not st.in_controller:
+                return decision
+            now = self._now()
+            step = result.get("saturn_step")
+            step_time = result.get("saturn_step_time_s")
+            self._check_steps(st, result.get("saturn_total_steps"))
+            if step is None:
+                return decision
+            step = int(step)
+            if st.released_at is not None and step_time:
+                # Launch to first result, less the steps it trained: the start-up a (re)launch costs.
+                self._latencies.append(max(0.0, now - st.released_at - (step - st.steps_at_release) * step_time))
+                st.released_at = None
+                self._update_restart_cost()
+            st.steps_done = step
+            stopping = st.phase == "stopping"
+            # While it waits to be paused, it still runs where it was: its speed is not the target's.
+            self._step(now, progress=(trial.trial_id, step, None if stopping else step_time))
+            total = st.rows.steps if st.rows else math.inf
+            if decision == TrialScheduler.PAUSE and st.phase == "running":
+                st.paused_by_base = True  # its GPUs come back once paused; it waits to be planned again
+            if st.phase == "stopping" and decision == TrialScheduler.CONTINUE and step < total:
+                st.pause_at = now
+                return TrialScheduler.PAUSE
+            return decision
+
+    def on_trial_complete(self, tune_controller, trial: Trial, result: dict) -> None:
+        with self._hook("on_trial_complete"):
+            self._base.on_trial_complete(tune_controller, trial, result)
+            self._trial_ended(trial, finished=True, reason="completed")
+
+    def on_trial_error(self, tune_controller, trial: Trial) -> None:
+        with self._hook("on_trial_error"):
+            self._base.on_trial_error(tune_controller, trial)
+            # Tune marks a trial it will retry ERROR before telling the scheduler; a final error comes first.
+            retry = trial.status == Trial.ERROR
+            self._trial_ended(trial, finished=False, reason="the trial raised an error", retry=retry)
+
+    def on_trial_remove(self, tune_controller, trial: Trial) -> None:
+        with self._hook("on_trial_remove"):
+            self._base.on_trial_remove(tune_controller, trial)
+            self._trial_ended(trial, finished=False, reason="removed by Tune")
+
+    def debug_string(self) -> str:
+        used = sum(g for _, g in self._held.values())
+        total = self._ctl.cluster().total_gpus if self._ctl else 0
+        running = ", ".join(f"{tid}: {p[0]}x{p[1]}" for tid, st in sorted(self._trials.items()) if (p := st.placement))
+        waiting = sum(st.phase in ("held", "launching") and st.rejected is None for st in self._trials.values())
+        return (
+            f"SaturnScheduler: {used}/{total} GPUs in use, {waiting} trial(s) waiting for GPUs (shown PAUSED), "
+            f"{len(self.moves)} move(s); running {running or 'none'}. {self._base.debug_string()}"
+        )
+
+    def save(self, checkpoint_path: str) -> None:
+        raise NotImplementedError(
+            "SaturnScheduler cannot be checkpointed yet: restoring a Tune experiment would lose which trial "
+            "holds which GPUs; start the search again"
+        )
+
+    def restore(self, checkpoint_path: str) -> None:
+        raise NotImplementedError("SaturnScheduler cannot be restored from a checkpoint; start the search again")
+
+    # ------------------------------------------------------------ control plane
+    def _now(self) -> float:
+        if self._t0 is None:
+            self._t0 = self._clock()
+        return self._clock() - self._t0
+
+    def _cluster_spec(self) -> ClusterSpec:
+        if self._cluster is None:
+            self._cluster = ClusterSpec.from_ray()
+        return self._cluster
+
+    def _max_gpus_per_node(self) -> int:
+        return max(n.gpus for n in self._cluster_spec().nodes)
+
+    def _step(self, now: float, progress: tuple[str, int, float | None] | None = None) -> None:
+        """Hand the batched events (and a progress report) to the controller and execute its actions."""
+        events = []
+        if self._arrivals:
+            arrived, self._arrivals = self._arrivals, []
+            for tid in arrived:
+                st = self._trials[tid]
+                rows = st.rows.to_profile(tid)
+                if self._ctl is None:
+                    self._ctl = self._make_controller(rows)
+                else:
+                    self._ctl.add_tasks(rows)
+                st.in_controller = True
+                events.append(TaskArrived(time_s=now, task=tid))
+        if self._ended:
+            ended, self._ended = self._ended, []
+            events.extend(ev for e in ended if (ev := self._end_event(now, *e)) is not None)
+        if self._ctl is None:
+            return
+        ctl = self._ctl
+        replans = len(ctl.replans)
+        actions = ctl.handle(*events) if events else []
+        if progress is not None:
+            actions += ctl.report_progress(progress[0], progress[1], now, progress[2])
+        wake = ctl.next_wakeup_s()
+        if wake is not None and now >= wake:
+            actions += ctl.handle(Tick(time_s=now))
+        if len(ctl.replans) > replans:
+            self._planner.flush()  # solve the newest state in the background
+        newest = self._planner.newest if self._planner.fresh else None
+        if newest is not None and (ctl.done or (ctl.plan is not None and same_decisions(newest, ctl.plan))):
+            self._planner.consume(applied=False)  # nothing to change
+        elif newest is not None:
+            self._planner.refine = False
+            try:
+                before = len(ctl.replans)
+                actions += ctl.request_replan(now, "a plan finished in the background")
+                if len(ctl.replans) > before:
+                    self._planner.consume()
+            finally:
+                self._planner.refine = True
+        self._execute(actions, now)
+        if len(ctl.replans) > replans:
+            plan = ctl.plan
+            if plan is not None:
+                self.metrics.plan(planned_makespan_s=now + plan.makespan_s, lower_bound_s=now + plan.lower_bound_s)
+            self.metrics.replanned(len(ctl.replans) - replans)
+
+    def _make_controller(self, rows) -> Controller:
+        return Controller(
+            rows,
+            self._cluster_spec(),
+            self._replan_policy,
+            restart_s=self._restart_s,
+            solver_time_limit_s=self._time_limit_s,
+            max_failures=_NO_LIMIT,
+            solve=self._planner,
+        )
+
+    def _end_event(self, now: float, tid: str, finished: bool, reason: str, retry: bool):
+        st = self._trials[tid]
+        if not st.in_controller or self._ctl is None:
+            return None
+        state = self._ctl.state(tid).state
+        if finished and state is TaskState.RUNNING:
+            return TaskFinished(time_s=now, task=tid)
+        if state in (TaskState.RUNNING, TaskState.QUEUED):
+            return TaskFailed(time_s=now, task=tid, reason=reason, steps_done=st.steps_done, final=not retry)
+        return None
+
+    def _execute(self, actions: Sequence[Launch | Stop], now: float) -> None:
+        for a in actions:
+            st = self._trials[a.task]
+            if isinstance(a, Stop):
+                self._launches.pop(a.task, None)
+                if st.phase == "running":
+                    st.phase = "stopping"
+                    strategy, gpus, node = st.placement
+                    self.moves.append(
+                        Move(
+                            now,
+                            a.task,
+                            strategy,
+                            gpus,
+                            node,
+                            a.target.strategy,
+                            a.target.gpus,
+                            a.target.nodes[0],
+                            a.reason,
+                        )
+                    )
+                    self.metrics.moved()
+                    logger.info(
+                        "moving trial %s from %s x%d on %s to %s x%d on %s (%s)",
+                        a.task,
+                        strategy,
+                        gpus,
+                        node,
+                        a.target.strategy,
+                        a.target.gpus,
+                        a.target.nodes[0],
+                        a.reason,
+                    )
+                elif st.phase == "launching":
+                    st.phase = "held"
+            else:
+                self._launches[a.task] = a
+                if st.phase == "held":
+                    st.phase = "launching"
+
+    # ------------------------------------------------------------ Tune side
+    def _observe_pauses(self, now: float) -> None:
+        """Trials paused for a move give their GPUs back once Tune has really paused them."""
+        for tid, st in self._trials.items():
+            if st.paused_by_base and st.phase == "running" and st.trial.status == Trial.PAUSED:
+                # The base scheduler paused it: its GPUs are free, and it waits in the queue to be planned again.
+                st.paused_by_base = False
+                self._give_back(tid, "paused", now)
+                st.phase = "held"
+                self._ended.append((tid, False, f"paused by {type(self._base).__name__}", True))
+                continue
+            if st.phase == "stopping" and st.trial.status == Trial.PAUSED:
+                if st.pause_at is not None:
+                    self._stop_costs.append(now - st.pause_at)
+                    st.pause_at = None
+                self._give_back(tid, "moved", now)
+                st.phase = "launching" if tid in self._launches else "held"
+                self.metrics.task_state(tid, "queued")
+
+    def _release(self, tune_controller, now: float) -> Trial | None:
+        """Release every trial whose launch fits the GPUs Tune has free now; Tune starts them all."""
+        ready: list[Trial] = []
+        for st in self._trials.values():
+            if st.phase == "launching" and st.rejected is not None:
+                self._prepare(st, {DECISION_KEY: {"error": st.rejected}}, {"CPU": self._cpus or 0.01})
+                st.phase = "running"
+                ready.append(st.trial)
+        free = self._free_gpus()
+        for launch in sorted(self._launches.values(), key=lambda a: (a.planned_start_s, a.task)):
+            st = self._trials[launch.task]
+            node, gpus = launch.placement.nodes[0], launch.placement.gpus
+            if st.phase != "launching" or free.get(node, 0) < gpus:
+                continue
+            free[node] -= gpus
+            del self._launches[launch.task]
+            knobs = st.rows.knobs(launch.placement.strategy, gpus) if st.rows else {}
+            decision = {"strategy": launch.placement.strategy, "gpus": gpus, "knobs": knobs, "node": node}
+            bundle: dict[str, Any] = {"CPU": self._cpus, "GPU": gpus}
+            self._prepare(st, {DECISION_KEY: decision}, bundle, node)
+            st.phase, st.placement = "running", (launch.placement.strategy, gpus, node)
+            st.released_at, st.steps_at_release = now, launch.steps_done
+            self._held[launch.task] = (node, gpus)
+            self.gpu_events.append(GpuEvent(now, launch.task, node, gpus, "start"))
+            self._max_in_use = max(self._max_in_use, sum(g for _, g in self._held.values()))
+            self.metrics.task_state(launch.task, "running", gpus=gpus)
+            logger.info("starting trial %s: %s on %d GPU(s) of %s", launch.task, decision["strategy"], gpus, node)
+            ready.append(st.trial)
+        if not ready:
+            return None
+        for trial in ready[:-1]:  # Tune starts PENDING trials itself; the last one is returned
+            tune_controller._set_trial_status(trial, Trial.PENDING)
+        return ready[-1]
+
+    def _prepare(self, st: _TrialState, decision: dict, bundle: dict, node: str | None = None) -> None:
+        from ray.tune.execution.placement_groups import PlacementGroupFactory
+
+        kwargs: dict[str, Any] = {}
+        node_id = self._node_id(node) if node else None
+        if node_id:
+            kwargs["bundle_label_selector"] = [{"ray.io/node-id": node_id}]
+        st.trial.update_resources(PlacementGroupFactory([bundle], strategy="STRICT_PACK", **kwargs))
+        st.trial.config.update(decision)
+        st.trial.invalidate_json_state()
+
+    def _node_id(self, node: str) -> str | None:
+        if not self._node_ids:
+            self._node_ids = {n.name: n.node_id for n in self._cluster_spec().nodes if n.node_id}
+        return self._node_ids.get(node)
+
+    def _free_gpus(self) -> dict[str, int]:
+        free = {n.name: n.gpus for n in self._cluster_spec().nodes}
+        for node, gpus in self._held.values():
+            free[node] = free.get(node, 0) - gpus
+        return free
+
+    def _give_back(self, tid: str, reason: str, now: float) -> None:
+        held = self._held.pop(tid, None)
+        if held is not None:
+            self.gpu_events.append(GpuEvent(now, tid, held[0], -held[1], reason))
+        self._trials[tid].placement = None
+
+    def _trial_ended(self, trial: Trial, *, finished: bool, reason: str, retry: bool = False) -> None:
+        st = self._trials.get(trial.trial_id)
+        if st is None or st.phase == "ended":
+            return
+        now = self._now()
+        self._give_back(trial.trial_id, "finished" if finished else ("retried" if retry else "ended"), now)
+        self._launches.pop(trial.trial_id, None)
+        st.phase = "held" if retry else "ended"
+        if st.rejected is not None:
+            st.phase = "launching" if retry else "ended"  # a retry is rejected again, at once
+            return
+        if trial.trial_id in self._arrivals:  # it never reached the controller
+            self._arrivals.remove(trial.trial_id)
+            return
+        self._ended.append((trial.trial_id, finished, reason, retry))
+        if not retry:
+            self.metrics.task_state(trial.trial_id, "finished" if finished else "failed")
+
+    def _check_reuse_actors(self, tune_controller) -> None:
+        if self._reuse_checked:
+            return
+        # Read through the wrapper Tune hands schedulers without touching its restricted interface.
+        inner = vars(tune_controller).get("_tune_controller", tune_controller)
+        if getattr(inner, "_reuse_actors", False):
             raise TuneIntegrationError(
                 "SaturnScheduler needs reuse_actors=False in tune.TuneConfig (a cached actor keeps its GPUs)"
             )
-        trials = {t.trial_id: t for t in tune_controller.get_trials()}
-        # Paused trials (moved, or paused by the base scheduler) give their GPUs back.
-        for tid, info in self._trials.items():
-            t = trials.get(tid)
-            if t is not None and t.status == Trial.PAUSED and info.current is not None:
-                self._release(tid, "paused" if info.resize_to is None else "moved")
-                info.resize_to = None
-                self.metrics.task_state(tid, "queued")
-        if self._dirty:
-            self._replan("trials ended or paused")
-        if self._plan is None:
-            return None
-        ledger = self._get_ledger()
-        for a in sorted(self._plan.assignments, key=lambda a: (a.start_s, a.task)):
-            t = trials.get(a.task)
-            info = self._trials.get(a.task)
-            if t is None or info is None or info.ended or info.current is not None or t.status != Trial.PAUSED:
-                continue
-            node = a.nodes[0]
-            if ledger.free(node) < a.gpus:
-                continue
-            self._take(t, info, a.strategy, a.gpus, node)
-            return t
-        return None
+        self._reuse_checked = True
 
-    def debug_string(self) -> str:
-        used = self._ledger.used() if self._ledger else 0
-        total = self._ledger.cluster.total_gpus if self._ledger else 0
-        plan = f"planned makespan {self._plan.makespan_s:.1f}s" if self._plan else "no plan yet"
-        return f"(SaturnScheduler: {used}/{total} GPUs, {plan}, {len(self.moves)} moves) {self._base.debug_string()}"
-
-    def save(self, checkpoint_path: str) -> None:
-        from ray import cloudpickle
-
-        with open(checkpoint_path, "wb") as f:
-            cloudpickle.dump({k: v for k, v in self.__dict__.items() if k != "metrics"}, f)
-
-    def restore(self, checkpoint_path: str) -> None:
-        from ray import cloudpickle
-
-        with open(checkpoint_path, "rb") as f:
-            self.__dict__.update(cloudpickle.load(f))
-        self.metrics = RunMetrics(self.run_name)
-
-    # ------------------------------------------------------------- internals
-    def _now(self) -> float:
-        return time.monotonic() - self._t0
-
-    def _get_ledger(self) -> _Ledger:
-        if self._ledger is None:
-            cluster = self._cluster or ClusterSpec.from_ray()
-            self._ledger = _Ledger(cluster)
-            self._node_ips = _unique_node_ips(cluster)
-        return self._ledger
-
-    def _rows_for(self, trial_id: str, config: Mapping[str, Any]) -> _TrialInfo:
-        try:
-            raw = list(self._estimate(config))
-        except SaturnError:
-            raise
-        except Exception as exc:
-            raise TuneIntegrationError(f"estimate(config) failed for trial {trial_id}: {exc!r}") from None
-        rows, steps = [], set()
-        for r in raw:
-            missing = [k for k in ("strategy", "gpus", "step_time_s", "steps") if k not in r]
-            if missing:
-                raise TuneIntegrationError(f"estimate row {dict(r)!r} for trial {trial_id} lacks {', '.join(missing)}")
-            if r["strategy"] not in tune_strategies() or int(r.get("nodes", 1)) != 1 or not r.get("feasible", True):
-                continue
-            if get_strategy(r["strategy"]).applies(None, int(r["gpus"])):
-                continue  # e.g. single on 2 GPUs
-            if not float(r["step_time_s"]) > 0 or int(r["steps"]) < 1:
-                raise TuneIntegrationError(f"estimate row {dict(r)!r} for trial {trial_id}: step_time_s and steps > 0")
-            knobs = r.get("knobs") or {}
-            if isinstance(knobs, str):
-                knobs = json.loads(knobs) if knobs else {}
-            rows.append({"strategy": str(r["strategy"]), "gpus": int(r["gpus"]), "step_time_s": float(r["step_time_s"]),
-                         "knobs": dict(knobs)})
-            steps.add(int(r["steps"]))
-        if not rows:
-            raise TuneIntegrationError(
-                f"trial {trial_id}: the estimate has no feasible single-node row with a registered strategy "
-                f"({', '.join(tune_strategies())})"
+    def _check_steps(self, st: _TrialState, total: Any) -> None:
+        if st.warned_steps or total is None or st.rows is None:
+            return
+        st.warned_steps = True
+        if int(total) != st.rows.steps:
+            logger.warning(
+                "trial %s (config %s): the estimate says %d steps but its task runs %d (max_steps); "
+                "the plan assumes %d: make the estimate's steps the task's max_steps",
+                st.trial.trial_id,
+                _short(st.config),
+                st.rows.steps,
+                int(total),
+                st.rows.steps,
             )
-        if len(steps) != 1:
-            raise TuneIntegrationError(f"trial {trial_id}: estimate rows disagree on steps ({sorted(steps)})")
-        return _TrialInfo(rows=rows, total_steps=steps.pop(), arrived_s=self._now())
 
-    def _replan(self, reason: str) -> None:
-        ledger = self._get_ledger()
-        live = {tid: i for tid, i in self._trials.items() if not i.ended and i.steps_done < i.total_steps}
-        self._dirty = False
-        self._plan_at = self._now()
-        if not live:
-            self._plan = None
-            return
-        rows, running = [], []
-        for tid, info in live.items():
-            remaining = info.total_steps - info.steps_done
-            ratio = 1.0
-            if info.current is not None and info.measured_step_s:
-                est = info.estimate(info.current[0], info.current[1])
-                ratio = info.measured_step_s / est if est else 1.0
-            for r in info.rows:
-                if r["gpus"] > max(n.gpus for n in ledger.cluster.nodes):
-                    continue
-                rows.append({"task": tid, "strategy": r["strategy"], "gpus": r["gpus"], "nodes": 1,
-                             "step_time_s": r["step_time_s"] * ratio, "steps": remaining})
-            if info.current is not None:
-                strategy, gpus, node = info.current
-                if not any(r["task"] == tid and r["strategy"] == strategy and r["gpus"] == gpus for r in rows):
-                    rows.append({"task": tid, "strategy": strategy, "gpus": gpus, "nodes": 1,
-                                 "step_time_s": info.measured_step_s or 1.0, "steps": remaining})
-                running.append(RunningTask(tid, strategy, gpus, (node,), restart_s=self._restart_s,
-                                           movable=self._allow_moves))
-        from ray_saturn.solver import solve
+    def _update_restart_cost(self) -> None:
+        cost = statistics.median(self._latencies)
+        if self._stop_costs:
+            cost += statistics.median(self._stop_costs)
+        if self._ctl is not None:
+            self._ctl.set_restart_cost(cost)
 
-        profile = ProfileTable.from_rows(rows, source="tune trials")
-        plan = solve(profile, ledger.cluster, self._policy, context=PlanningContext(running=tuple(running)),
-                     time_limit_s=self._time_limit_s)
-        self._plan = plan
-        self.plans.append(plan)
-        if len(self.plans) > 1:
-            self.metrics.replanned()
-        self.metrics.plan_from(plan)
-        logger.info("planned %d trials (%s): makespan %.1fs, lower bound %.1fs", len(live), reason,
-                    plan.makespan_s, plan.lower_bound_s)
-
-    def _planned(self, tid: str) -> tuple[str, int, str] | None:
-        if self._plan is None:
-            return None
-        for a in self._plan.assignments:
-            if a.task == tid:
-                return (a.strategy, a.gpus, a.nodes[0])
-        return None
-
-    def _take(self, trial: Trial, info: _TrialInfo, strategy: str, gpus: int, node: str) -> None:
-        from ray.tune.execution.placement_groups import PlacementGroupFactory
-
-        bundle: dict[str, float] = {"CPU": self._cpus, "GPU": gpus}
-        ip = self._node_ips.get(node)
-        if ip:
-            bundle[f"node:{ip}"] = 0.001
-        trial.placement_group_factory = None
-        trial.update_resources(PlacementGroupFactory([bundle], strategy="STRICT_PACK"))
-        knobs = next((r["knobs"] for r in info.rows if r["strategy"] == strategy and r["gpus"] == gpus), {})
-        trial.config["_saturn"] = {"strategy": strategy, "gpus": gpus, "knobs": knobs}
-        trial.invalidate_json_state()
-        info.current = (strategy, gpus, node)
-        self._get_ledger().held[trial.trial_id] = (node, gpus)
-        self.gpu_events.append(GpuEvent(self._now(), trial.trial_id, node, gpus, "start"))
-        self.metrics.task_state(trial.trial_id, "running", gpus=gpus)
-        logger.info("starting trial %s: %s on %d GPU(s) of %s", trial.trial_id, strategy, gpus, node)
-
-    def _release(self, tid: str, reason: str) -> None:
-        info = self._trials[tid]
-        ledger = self._get_ledger()
-        if tid in ledger.held:
-            node, gpus = ledger.held.pop(tid)
-            self.gpu_events.append(GpuEvent(self._now(), tid, node, -gpus, reason))
-        info.current = None
-        self._dirty = True
-
-    def _ended(self, trial: Trial, state: str) -> None:
-        info = self._trials.get(trial.trial_id)
-        if info is None or info.ended:
-            return
-        info.ended = True
-        if info.current is not None:
-            self._release(trial.trial_id, state)
-        self._dirty = True
-        self.metrics.task_state(trial.trial_id, state)
+    @contextlib.contextmanager
+    def _hook(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            ms = 1000 * (time.perf_counter() - t0)
+            self._hook_calls += 1
+            if ms > self._hook_ms.get(name, 0.0):
+                self._hook_ms[name] = ms
 
 
-def _unique_node_ips(cluster: ClusterSpec) -> dict[str, str]:
-    """node name -> IP, when every node of the cluster has its own IP (else no pinning)."""
-    if not all(n.node_id for n in cluster.nodes):
-        return {}
-    import ray
+def _warm_up_solver() -> None:
+    """One tiny plan, so the solver's imports (the LP of the lower bound) are not paid in a hook."""
+    from ray_saturn.profile_table import ProfileTable
+    from ray_saturn.solver import solve
 
-    ips = {info["NodeID"]: info.get("NodeManagerAddress") for info in ray.nodes() if info.get("Alive")}
-    out = {n.name: ips.get(n.node_id) for n in cluster.nodes}
-    values = [v for v in out.values() if v]
-    if len(values) != len(cluster.nodes) or len(set(values)) != len(values):
-        return {}
-    return out
+    rows = [{"task": "warm-up", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 1}]
+    solve(ProfileTable.from_rows(rows), ClusterSpec.uniform(1, 1), time_limit_s=0.0)
+
+
+def _short(config: Mapping[str, Any], limit: int = 160) -> str:
+    text = repr(dict(config))
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,96 +1,191 @@
 """The trial side: a Tune function trainable that trains a Task on the GPUs ray_saturn gave it.
 
 The scheduler writes its decision into the trial's config under ``"_saturn"``
-(``{"strategy": "single"|"ddp", "gpus": g}``) and sizes the trial's
-placement group to ``g`` GPUs in one bundle (STRICT_PACK). The trainable
+(``{"strategy", "gpus", "knobs", "node"}``, or ``{"error": why}`` for a
+config it cannot run) and sizes the trial's placement group to one bundle of
+those GPUs on that node. :func:`trial_decision` reads it (and raises the
+error); :func:`saturn_trainable` does the rest:
 
 - builds the task with the user's ``make_task(config)``;
 - restores model, optimizer, step and data position from
   ``tune.get_checkpoint()`` (a sharded DCP checkpoint that any strategy on any
-  GPU count can load), so a resized trial neither repeats nor skips a sample;
-- trains with the strategy's ``ray_saturn.strategies.train_worker`` on ``g``
-  local processes (torch.distributed, gloo) when ``g > 1``, in the trial
-  process when ``g == 1``. There is no Ray Train run inside the trial, hence
-  no nested placement group that could wait forever for GPUs its parent
-  already holds;
-- reports every ``report_every`` steps ``loss``, ``saturn_step``,
-  ``saturn_step_time_s`` and ``saturn_gpus`` with a checkpoint, so ASHA's
-  ``training_iteration`` advances once per report.
+  GPU count loads), so a resized trial neither repeats nor skips a sample;
+- on 1 GPU trains in the trial's own process; on ``g > 1`` GPUs starts ``g``
+  local processes, each with ``LOCAL_RANK``/``RANK``/``WORLD_SIZE`` set and
+  its own device and backend (``cuda:<rank>`` + NCCL when the trial's GPUs are
+  CUDA devices, else CPU + gloo; :func:`ray_saturn.strategies.device.rank_device`);
+  rank 0 hands each report to the trial process over a pipe;
+- reports every ``report_every`` steps ``loss``, ``saturn_strategy``,
+  ``saturn_gpus``, ``saturn_step``, ``saturn_step_time_s`` and
+  ``saturn_total_steps`` with a checkpoint (so ASHA's ``training_iteration``
+  advances once per report, and Tune's progress table shows each trial's
+  GPUs and strategy);
+- a trial that trained all its steps waits for every rank to exit on its own:
+  it ends as TERMINATED, never ERROR. A rank that fails ends the others and
+  the trial errors with the rank's error.
 
-Every registered strategy that runs in one bundle of ``g`` GPUs can run a
-trial (``single``, ``ddp``, ``ddp-compressed``, ``fsdp``, ``pipeline``,
-``spill``, where the hardware allows them).
+There is no Ray Train run inside a trial, so no nested placement group waits
+for GPUs its parent already holds.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ray_saturn.errors import SaturnError
 from ray_saturn.spec import Task
 
-__all__ = ["TrialTrainingError", "saturn_trainable", "tune_strategies"]
+__all__ = ["TrialDecision", "TrialTrainingError", "saturn_trainable", "trial_decision", "tune_strategies"]
 
 logger = logging.getLogger(__name__)
 
-#: Strategies a Tune trial can execute: every registered one (single-node rows only).
+#: Seconds a finished multi-process trial waits for its ranks to exit before it ends them.
+RANK_EXIT_TIMEOUT_S = 120.0
+
+
 def tune_strategies() -> tuple[str, ...]:
+    """Strategies a Tune trial can execute: every registered one (on one node)."""
     from ray_saturn.strategies import strategy_names
 
     return tuple(strategy_names())
 
 
 class TrialTrainingError(SaturnError, RuntimeError):
-    """A Tune trial could not train its task (bad decision, bad task)."""
+    """A Tune trial could not train its task (rejected config, bad task, a rank failed)."""
 
 
-def _worker(rank: int, ways: int, port: int, task_bytes: bytes, strategy: str, knobs: dict, target: int,
-            report_every: int, ckpt_dir: str, queue: Any, acks: Any) -> None:
-    """One training process (rank ``rank`` of ``ways``) running the strategy's ``train_worker``.
+@dataclass(frozen=True)
+class TrialDecision:
+    """What ray_saturn decided for a trial: run ``strategy`` on ``gpus`` GPUs of ``node``."""
 
-    It trains in segments of ``report_every`` steps; after each, every rank has
-    written its part of the (sharded) checkpoint, rank 0 hands
-    ``(step, loss, step time, checkpoint folder)`` to the trial process and
-    waits until Tune has copied it, so the next segment cannot prune it first.
+    strategy: str
+    gpus: int
+    knobs: Mapping[str, Any] = field(default_factory=dict)
+    node: str | None = None
+
+
+def trial_decision(config: Mapping[str, Any]) -> TrialDecision:
+    """The decision :class:`~ray_saturn.tune.SaturnScheduler` wrote into a trial's config.
+
+    Raises :class:`TrialTrainingError` with the scheduler's reason when the
+    config could not be estimated or placed (the trial errors, the search goes
+    on), or when the trial was not scheduled by a SaturnScheduler.
+
+    Example:
+        >>> trial_decision({"lr": 0.1, "_saturn": {"strategy": "ddp", "gpus": 2}}).gpus
+        2
     """
+    raw = config.get("_saturn")
+    if not isinstance(raw, Mapping):
+        raise TrialTrainingError(
+            "this trial has no ray_saturn decision in config['_saturn']; "
+            "pass SaturnScheduler(...) as the scheduler in tune.TuneConfig"
+        )
+    if raw.get("error"):
+        raise TrialTrainingError(str(raw["error"]))
+    return TrialDecision(str(raw["strategy"]), int(raw["gpus"]), dict(raw.get("knobs") or {}), raw.get("node"))
+
+
+def _set_rank_env(rank: int, world: int) -> None:
+    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world))
+
+
+def _train_segments(
+    task: Task,
+    strategy: str,
+    knobs: dict,
+    target: int,
+    report_every: int,
+    ckpt_dir: str,
+    on_report: Callable[[int, float | None, float | None, str], None],
+    rank: int,
+    ways: int,
+) -> None:
+    """Train to ``target`` in segments of ``report_every`` steps; rank 0 reports after each."""
+    from ray_saturn.strategies.checkpoint import latest_checkpoint, latest_step
+    from ray_saturn.strategies import train_worker
+
+    step = latest_step(ckpt_dir) or 0
+    while step < target:
+        seg_target = min(target, (step // report_every + 1) * report_every)
+        out = train_worker(
+            task,
+            strategy,
+            knobs,
+            target_step=seg_target,
+            checkpoint_dir=ckpt_dir,
+            checkpoint_every=report_every,
+            report=lambda r: None,
+        )
+        step = out.final_step
+        if rank == 0:
+            on_report(step, out.last_loss, out.mean_step_time_s, str(latest_checkpoint(ckpt_dir)))
+        if ways > 1:
+            import torch.distributed as dist
+
+            dist.barrier()  # the next segment may prune this checkpoint: not before it was reported
+
+
+def _rank_main(
+    rank: int,
+    ways: int,
+    port: int,
+    task_bytes: bytes,
+    strategy: str,
+    knobs: dict,
+    target: int,
+    report_every: int,
+    ckpt_dir: str,
+    conn: Any,
+) -> None:
+    """One training process of a multi-GPU trial: rank ``rank`` of ``ways`` on its own device."""
     import torch
     import torch.distributed as dist
     from ray import cloudpickle
 
-    from ray_saturn.strategies import train_worker
-    from ray_saturn.strategies.checkpoint import latest_checkpoint, latest_step
+    from ray_saturn.strategies.device import use_rank_device
 
-    task: Task = cloudpickle.loads(task_bytes)
+    _die_with_parent()
+    _set_rank_env(rank, ways)
     torch.set_num_threads(1)
-    if ways > 1:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ways)
+    device = use_rank_device(rank)
+    dist.init_process_group(
+        device.backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=ways,
+        **({"device_id": device.device} if device.is_cuda else {}),
+    )
+    task: Task = cloudpickle.loads(task_bytes)
+
+    def report(step, loss, step_time, path):
+        conn.send(("report", step, loss, step_time, path))
+        conn.recv()  # Tune has copied the checkpoint
+
     try:
-        step = latest_step(ckpt_dir) or 0
-        while step < target:
-            seg_target = min(target, (step // report_every + 1) * report_every)
-            out = train_worker(task, strategy, knobs, target_step=seg_target, checkpoint_dir=ckpt_dir,
-                               checkpoint_every=report_every, report=lambda r: None)
-            step = out.final_step
-            if ways > 1:
-                dist.barrier()
-            if rank == 0:
-                queue.put(("report", step, out.last_loss, out.mean_step_time_s, str(latest_checkpoint(ckpt_dir))))
-                acks.get()
-            if ways > 1:
-                dist.barrier()
-    except BaseException as exc:
-        if rank == 0:
-            queue.put(("error", f"{type(exc).__name__}: {exc}"))
-        raise
+        _train_segments(task, strategy, knobs, target, report_every, ckpt_dir, report, rank, ways)
+        dist.barrier()
     finally:
-        if ways > 1 and dist.is_initialized():
-            dist.destroy_process_group()
-        if rank == 0:
-            queue.put(("done",))
+        dist.destroy_process_group()
+    if rank == 0:
+        conn.send(("done",))
+
+
+def _die_with_parent() -> None:
+    """Linux: end this rank when the trial process dies (Tune kills a stopped trial's actor)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _free_port() -> int:
@@ -101,28 +196,103 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_trial(make_task: Callable[[dict], Task], config: dict, report_every: int) -> None:
-    import shutil
-    import threading
-
-    import torch.multiprocessing as mp
-    from ray import cloudpickle, tune
+def _report_to_tune(work: str, task: Task, decision: TrialDecision, step: int, loss, step_time, path: str) -> None:
+    from ray import tune
     from ray.tune import Checkpoint
 
-    from ray_saturn.strategies import get_strategy
+    out = os.path.join(work, f"report-{step}")
+    shutil.copytree(path, os.path.join(out, os.path.basename(path)))
+    try:
+        tune.report(
+            {
+                "loss": loss,
+                "saturn_strategy": decision.strategy,
+                "saturn_gpus": decision.gpus,
+                "saturn_step": step,
+                "saturn_step_time_s": step_time,
+                "saturn_total_steps": task.total_steps,
+            },
+            checkpoint=Checkpoint.from_directory(out),
+        )
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
-    decision = dict(config.get("_saturn") or {})
-    strategy = decision.get("strategy", "single")
-    gpus = int(decision.get("gpus", 1))
-    knobs = dict(decision.get("knobs") or {})
+
+def _run_multi(task: Task, decision: TrialDecision, report_every: int, ckpt_dir: str, work: str) -> None:
+    import multiprocessing
+
+    import torch.multiprocessing as tmp
+    from ray import cloudpickle
+
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()  # a pipe, not a queue: no semaphores to leak
+    args = (
+        decision.gpus,
+        _free_port(),
+        cloudpickle.dumps(task),
+        decision.strategy,
+        dict(decision.knobs),
+        task.total_steps,
+        report_every,
+        ckpt_dir,
+        child,
+    )
+    procs = tmp.start_processes(_rank_main, args=args, nprocs=decision.gpus, join=False, start_method="spawn")
+    child.close()
+    done = False
+    try:
+        while not done:
+            if parent.poll(0.2):
+                msg = parent.recv()
+                if msg[0] == "done":
+                    done = True
+                    break
+                _, step, loss, step_time, path = msg
+                _report_to_tune(work, task, decision, step, loss, step_time, path)
+                parent.send(True)
+            # join raises, naming the rank, when one failed (and ends the others).
+            elif procs.join(timeout=0) and not parent.poll(0):
+                raise TrialTrainingError(f"task {task.name!r}: its ranks exited before training ended")
+        # Finished: every rank exits on its own after the last barrier.
+        import time
+
+        deadline = time.monotonic() + RANK_EXIT_TIMEOUT_S
+        while not procs.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                raise TrialTrainingError(
+                    f"task {task.name!r} trained all its steps, but its ranks did not exit in "
+                    f"{RANK_EXIT_TIMEOUT_S:.0f} s"
+                )
+    except tmp.ProcessRaisedException as exc:
+        first = str(exc).strip().splitlines()
+        raise TrialTrainingError(f"task {task.name!r} failed in training: {first[-1] if first else exc}") from None
+    except tmp.ProcessExitedException as exc:
+        raise TrialTrainingError(f"task {task.name!r} failed in training: {exc}") from None
+    finally:
+        parent.close()
+        for p in procs.processes:
+            if p.is_alive():
+                p.terminate()
+        for p in procs.processes:
+            p.join(timeout=10)
+
+
+def _run_trial(make_task: Callable[[dict], Task], config: dict, report_every: int) -> None:
+    from ray import tune
+
+    from ray_saturn.strategies import get_strategy
+    from ray_saturn.strategies.device import use_rank_device
+
+    decision = trial_decision(config)
     user_config = {k: v for k, v in config.items() if k != "_saturn"}
     task = make_task(user_config)
     if not isinstance(task, Task):
         raise TrialTrainingError(f"make_task must return a ray_saturn.Task, got {type(task).__name__}")
-    reason = get_strategy(strategy).applies(task, gpus)
+    reason = get_strategy(decision.strategy).applies(task, decision.gpus)
     if reason:
-        raise TrialTrainingError(f"trial of task {task.name!r}: {strategy} on {gpus} GPU(s): {reason}")
-    target = task.total_steps
+        raise TrialTrainingError(
+            f"trial of task {task.name!r}: {decision.strategy} on {decision.gpus} GPU(s): {reason}"
+        )
     with tempfile.TemporaryDirectory(prefix="saturn-trial-") as work:
         ckpt_dir = os.path.join(work, "checkpoints")
         os.makedirs(ckpt_dir)
@@ -133,50 +303,27 @@ def _run_trial(make_task: Callable[[dict], Task], config: dict, report_every: in
                 for entry in os.listdir(d):
                     if entry.startswith("step-"):
                         shutil.copytree(os.path.join(d, entry), os.path.join(ckpt_dir, entry))
-        ctx = mp.get_context("spawn")
-        queue, acks = ctx.SimpleQueue(), ctx.SimpleQueue()
-        args = (gpus, _free_port(), cloudpickle.dumps(task), strategy, knobs, target, report_every, ckpt_dir,
-                queue, acks)
-        procs = worker = None
-        if gpus == 1:
-            worker = threading.Thread(target=_worker, args=(0, *args), daemon=True)
-            worker.start()
+        if decision.gpus == 1:
+            _set_rank_env(0, 1)
+            use_rank_device(0)
+
+            def report(step, loss, step_time, path):
+                _report_to_tune(work, task, decision, step, loss, step_time, path)
+
+            _train_segments(
+                task, decision.strategy, dict(decision.knobs), task.total_steps, report_every, ckpt_dir, report, 0, 1
+            )
         else:
-            procs = mp.start_processes(_worker, args=args, nprocs=gpus, join=False, start_method="spawn")
-        try:
-            while True:
-                msg = queue.get()
-                if msg[0] == "done":
-                    break
-                if msg[0] == "error":
-                    raise TrialTrainingError(f"task {task.name!r} failed in training: {msg[1]}")
-                _, step, loss, step_time, path = msg
-                out = os.path.join(work, f"report-{step}")
-                shutil.copytree(path, os.path.join(out, os.path.basename(path)))
-                acks.put(True)
-                tune.report(
-                    {"loss": loss, "saturn_step": step, "saturn_step_time_s": step_time, "saturn_gpus": gpus,
-                     "saturn_strategy": strategy, "saturn_total_steps": target},
-                    checkpoint=Checkpoint.from_directory(out),
-                )
-                shutil.rmtree(out, ignore_errors=True)
-        finally:
-            if procs is not None:
-                for p in procs.processes:
-                    if p.is_alive():
-                        p.terminate()
-                procs.join(timeout=30)
-            elif worker is not None:
-                worker.join(timeout=30)
+            _run_multi(task, decision, report_every, ckpt_dir, work)
 
 
 def saturn_trainable(make_task: Callable[[dict], Task], *, report_every: int = 10) -> Callable[[dict], None]:
     """A Tune function trainable that trains ``make_task(config)`` as ray_saturn decides.
 
-    Use it with :class:`SaturnScheduler`, which picks each trial's strategy and
-    GPU count and writes them into ``config["_saturn"]`` before the trial
-    starts. Reports ``loss`` (and ``saturn_*`` fields) with a checkpoint every
-    ``report_every`` steps.
+    Use it with :class:`~ray_saturn.tune.SaturnScheduler`, which picks each
+    trial's strategy and GPU count and writes them into ``config["_saturn"]``
+    before the trial starts. Reports ``loss`` (and ``saturn_*`` fields) with a
+    checkpoint every ``report_every`` steps.
 
     Example:
         >>> from ray_saturn.tune import saturn_trainable
@@ -185,7 +332,7 @@ def saturn_trainable(make_task: Callable[[dict], Task], *, report_every: int = 1
     """
     if not callable(make_task):
         raise TrialTrainingError("make_task must be a function config -> ray_saturn.Task")
-    if int(report_every) < 1:
+    if isinstance(report_every, bool) or int(report_every) < 1:
         raise TrialTrainingError(f"report_every is {report_every}; it must be at least 1")
 
     def saturn_trial(config: dict) -> None:
