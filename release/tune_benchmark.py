@@ -38,22 +38,19 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import logging
 import math
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ray_saturn import ProfileTable  # noqa: E402
-from ray_saturn.errors import SaturnError  # noqa: E402
+from ray_saturn import ProfileTable
+from ray_saturn.errors import SaturnError
 
 RUNS = ("saturn", "plain-1gpu", "plain-whole-node")
 CPUS_PER_TRIAL = 0.5
@@ -69,8 +66,11 @@ def eligible_tasks(table: ProfileTable, gpus_per_node: int) -> tuple[dict[str, d
     rows: dict[str, dict[int, float]] = {}
     steps: dict[str, int] = {}
     for task in table.tasks:
-        per = {c.gpus: float(c.step_time_s) for c in table.configs(task, feasible_only=True)
-               if c.nodes == 1 and c.gpus <= gpus_per_node}
+        per = {
+            c.gpus: float(c.step_time_s)
+            for c in table.configs(task, feasible_only=True)
+            if c.nodes == 1 and c.gpus <= gpus_per_node
+        }
         if 1 in per and gpus_per_node in per:
             rows[task] = per
             steps[task] = max(c.steps for c in table.configs(task))
@@ -84,8 +84,15 @@ def estimate_rows(table: ProfileTable, task: str, gpus_per_node: int, time_scale
         if c.nodes != 1 or c.gpus > gpus_per_node:
             continue
         strategy = "single" if c.gpus == 1 else "ddp"  # the emulated trial runs any strategy; name a runnable one
-        out.append({"strategy": strategy, "gpus": c.gpus, "steps": c.steps, "feasible": c.feasible,
-                    "step_time_s": None if c.step_time_s is None else c.step_time_s * time_scale})
+        out.append(
+            {
+                "strategy": strategy,
+                "gpus": c.gpus,
+                "steps": c.steps,
+                "feasible": c.feasible,
+                "step_time_s": None if c.step_time_s is None else c.step_time_s * time_scale,
+            }
+        )
     return out
 
 
@@ -94,8 +101,9 @@ def curve(config: dict[str, Any], report: int, reports: int) -> float:
     return floor + (1.0 - floor) * math.exp(-3.0 * report / reports)
 
 
-def make_trainable(rows: dict[str, dict[int, float]], steps: dict[str, int], time_scale: float, reports: int,
-                   fixed_gpus: int | None):
+def make_trainable(
+    rows: dict[str, dict[int, float]], steps: dict[str, int], time_scale: float, reports: int, fixed_gpus: int | None
+):
     """The emulated trainable (see the module docstring); ``fixed_gpus`` for plain Tune, else saturn's decision."""
 
     def emulated_trial(config: dict[str, Any]) -> None:
@@ -128,9 +136,15 @@ def make_trainable(rows: dict[str, dict[int, float]], steps: dict[str, int], tim
             with tempfile.TemporaryDirectory() as d:
                 Path(d, "step.json").write_text(json.dumps({"step": step}))
                 tune.report(
-                    {"loss": curve(config, report, reports), "saturn_gpus": gpus, "saturn_strategy": strategy,
-                     "report": report, "saturn_step": step, "saturn_step_time_s": step_s,
-                     "saturn_total_steps": total},
+                    {
+                        "loss": curve(config, report, reports),
+                        "saturn_gpus": gpus,
+                        "saturn_strategy": strategy,
+                        "report": report,
+                        "saturn_step": step,
+                        "saturn_step_time_s": step_s,
+                        "saturn_total_steps": total,
+                    },
                     checkpoint=Checkpoint.from_directory(d),
                 )
 
@@ -195,8 +209,9 @@ def _gpu_tracker():
             self.max_gpus = 0.0
 
         def on_step_end(self, iteration, trials, **info):
-            used = sum(t.placement_group_factory.required_resources.get("GPU", 0)
-                       for t in trials if t.status == Trial.RUNNING)
+            used = sum(
+                t.placement_group_factory.required_resources.get("GPU", 0) for t in trials if t.status == Trial.RUNNING
+            )
             self.max_gpus = max(self.max_gpus, used)
 
     return GpuTracker()
@@ -211,8 +226,13 @@ def run_search(kind: str, table: ProfileTable, args, rows, steps, storage: str) 
 
     asha = ASHAScheduler(time_attr="report", max_t=args.reports, grace_period=1, reduction_factor=args.reduction_factor)
     tasks = sorted(rows)
-    trainable = make_trainable(rows, steps, args.time_scale, args.reports,
-                               None if kind == "saturn" else (1 if kind == "plain-1gpu" else args.gpus_per_node))
+    trainable = make_trainable(
+        rows,
+        steps,
+        args.time_scale,
+        args.reports,
+        None if kind == "saturn" else (1 if kind == "plain-1gpu" else args.gpus_per_node),
+    )
     saturn = None
     if kind == "saturn":
         saturn = SaturnScheduler(
@@ -277,13 +297,6 @@ def run_search(kind: str, table: ProfileTable, args, rows, steps, storage: str) 
     return out
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Tune's own progress output off (verbose=0 keeps a few lines); our figures go to stdout."""
-    logging.getLogger("ray.tune").setLevel(logging.WARNING)
-    yield
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("profile")
@@ -294,8 +307,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reports", type=int, default=16, help="reports per trial (ASHA's max_t)")
     ap.add_argument("--reduction-factor", type=int, default=2, help="ASHA's reduction factor")
-    ap.add_argument("--restart-s", type=float, default=2.0,
-                    help="saturn's restart cost in wall seconds until it has measured one")
+    ap.add_argument(
+        "--restart-s", type=float, default=2.0, help="saturn's restart cost in wall seconds until it has measured one"
+    )
     ap.add_argument("--solver-time-limit", type=float, default=0.5, help="saturn's background solve limit (s)")
     ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {', '.join(RUNS)}")
     ap.add_argument("--json", action="store_true")
@@ -322,7 +336,7 @@ def main() -> int:
     from ray_saturn.runtime.api import emulated_cluster
 
     results: dict[str, Any] = {}
-    with _quiet(), emulated_cluster(args.nodes, args.gpus_per_node), tempfile.TemporaryDirectory() as storage:
+    with emulated_cluster(args.nodes, args.gpus_per_node), tempfile.TemporaryDirectory() as storage:
         for kind in runs:
             results[kind] = run_search(kind, table, args, rows, steps, os.path.join(storage, kind))
             if not args.json:
@@ -331,12 +345,16 @@ def main() -> int:
         print(json.dumps(results))
         return 0
     print(f"\n{len(rows)} tasks drawn from ({skipped} skipped: not runnable on 1 GPU and on a whole node)")
-    print(f"{'run':<18}{'search s':>10}{'best':>10}{'trials':>8}{'errored':>8}{'moves':>7}{'resized':>8}"
-          f"{'max GPUs':>9}{'max hook ms':>12}")
+    print(
+        f"{'run':<18}{'search s':>10}{'best':>10}{'trials':>8}{'errored':>8}{'moves':>7}{'resized':>8}"
+        f"{'max GPUs':>9}{'max hook ms':>12}"
+    )
     for kind, r in results.items():
         hook = "-" if r["max_hook_ms"] is None else f"{r['max_hook_ms']:.1f}"
-        print(f"{kind:<18}{r['search_time_s']:>10.0f}{r['best_metric']:>10.4f}{r['trials']:>8}{r['errored']:>8}"
-              f"{r['moves']:>7}{r['resizes_that_changed_size']:>8}{r['max_gpus_in_use']:>9}{hook:>12}")
+        print(
+            f"{kind:<18}{r['search_time_s']:>10.0f}{r['best_metric']:>10.4f}{r['trials']:>8}{r['errored']:>8}"
+            f"{r['moves']:>7}{r['resizes_that_changed_size']:>8}{r['max_gpus_in_use']:>9}{hook:>12}"
+        )
     plain = [results[k]["search_time_s"] for k in ("plain-1gpu", "plain-whole-node") if k in results]
     if "saturn" in results and plain:
         print(f"saturn / better plain Tune: {results['saturn']['search_time_s'] / min(plain):.2f}")

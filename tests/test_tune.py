@@ -133,9 +133,11 @@ def inline_background(monkeypatch):
     """The background solve runs at once in the calling thread (deterministic); its plan is applied next step."""
 
     def flush(self):
+        from ray_saturn.solver import solve
+
         call, self._candidate = self._candidate, None
         if call is not None:
-            plan = self._solve(
+            self.newest = solve(
                 call.profile,
                 call.cluster,
                 call.policy,
@@ -143,7 +145,7 @@ def inline_background(monkeypatch):
                 time_limit_s=self.time_limit_s,
                 seed=call.seed,
             )
-            self._newest, self._fresh = plan, True
+            self.fresh = True
 
     monkeypatch.setattr(planner_mod.BackgroundPlanner, "flush", flush)
 

@@ -2,34 +2,37 @@
 
 The :class:`~ray_saturn.control.Controller` re-plans by calling a solve
 function. Inside Tune that call happens in a scheduler hook, on Tune's event
-loop, so :class:`BackgroundPlanner` answers it at once with the best of the
-cheap plans: the baseline policies and the replay of an incumbent plan on the
-current state (the plan being followed, and the newest plan the background
-finished, moves included). Those take milliseconds: the solver is called with
-no time for its search. The same input is then handed to a background thread,
-which runs the full solver with the plan being followed as its start; a newer
-input replaces one that has not started yet (latest wins). When a background
-plan is ready, :attr:`BackgroundPlanner.fresh` says so, and the scheduler asks
-the controller to re-plan: the cheap call then replays that plan on the state
-of that moment, and the controller's move rule decides whether its moves pay.
+loop, so :class:`BackgroundPlanner` answers it at once with a *quick plan*
+(:func:`quick_plan`, a few milliseconds for tens of trials): the best of the
+baseline policies' schedules and the replay, on the current state, of the
+plan being followed and of the newest plan the background finished (moves
+included). The same input then goes to the background, which runs the full
+solver with the plan being followed as its start; a newer input replaces one
+that has not started yet (latest wins). The background is a Ray actor when
+Ray is running (a process of its own, so a solve never holds the GIL of
+Tune's driver), else a thread. When a background plan is ready,
+:meth:`BackgroundPlanner.poll` says so and the scheduler asks the controller
+to re-plan: the quick plan then replays that plan on the state of that
+moment, and the controller's move rule decides whether its moves pay.
 
 Example:
     >>> from ray_saturn import ClusterSpec, ProfileTable
     >>> from ray_saturn.context import PlanningContext
     >>> prof = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 2, "step_time_s": 1.0,
     ...                                 "steps": 10}])
-    >>> planner = BackgroundPlanner(time_limit_s=0.2)
+    >>> planner = BackgroundPlanner(time_limit_s=0.2, use_ray=False)
     >>> plan = planner(prof, ClusterSpec.uniform(1, 2), "saturn", context=PlanningContext(), time_limit_s=1, seed=0)
     >>> plan.makespan_s
     10.0
     >>> planner.flush()
-    >>> planner.wait(timeout_s=30), planner.fresh
+    >>> planner.wait(timeout_s=30), planner.poll()
     (True, True)
     >>> planner.close()
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -41,9 +44,12 @@ from typing import Any
 from ray_saturn.context import Incumbent, PlanningContext
 from ray_saturn.plan import Plan
 
-__all__ = ["BackgroundPlanner", "PlannerStats", "incumbent_of", "same_decisions"]
+__all__ = ["BackgroundPlanner", "PlannerStats", "incumbent_of", "quick_plan", "same_decisions"]
 
 logger = logging.getLogger(__name__)
+
+#: The baselines whose schedules are candidates of every quick plan (each a list-scheduling pass).
+QUICK_BASELINES = ("fifo-fastest", "fifo-min-gpus", "fifo-whole-node", "optimus-greedy")
 
 
 def incumbent_of(plan: Plan) -> Incumbent:
@@ -61,6 +67,55 @@ def same_decisions(a: Plan, b: Plan) -> bool:
     return [t for t in ia.order if t in common] == [t for t in ib.order if t in common]
 
 
+def _policy_name(policy: Any) -> str:
+    return policy if isinstance(policy, str) else getattr(policy, "name", str(policy))
+
+
+def quick_plan(
+    profile, cluster, policy: Any, context: PlanningContext, *, extra: Incumbent | None = None, seed: int = 0
+) -> Plan:
+    """A plan in milliseconds: for ``saturn``, the best of the baselines' schedules and of the
+    replays of ``context.incumbent`` and ``extra``; any other policy is itself that fast.
+
+    The lower bound is the cheap one (length, area, exclusive task; no LP).
+    """
+    from ray_saturn.plan import validate_plan
+    from ray_saturn.solver import build_problem, get_policy, lower_bound, policy_names, solve_problem
+    from ray_saturn.solver.listsched import list_schedule, replay_schedule
+
+    t0 = time.perf_counter()
+    problem = build_problem(profile, cluster, context)
+    bound = lower_bound(problem, use_lp=False)
+    if _policy_name(policy) != "saturn":
+        return solve_problem(problem, policy, time_limit_s=0.0, seed=seed, bound=bound)
+    registered = set(policy_names())
+    candidates = [
+        get_policy(name).solve(problem, bound, time_limit_s=0.0, seed=seed).schedule
+        for name in QUICK_BASELINES
+        if name in registered
+    ]
+    for inc in (context.incumbent, extra):
+        if inc is None:
+            continue
+        p = (
+            problem
+            if inc is context.incumbent
+            else dataclasses.replace(problem, context=dataclasses.replace(context, incumbent=inc))
+        )
+        try:
+            hint = p.incumbent_hint()
+        except Exception:  # an incumbent that no longer decodes (the cluster changed): plan without it
+            logger.info("an incumbent plan does not apply to the current state; planning without it")
+            continue
+        if hint is not None:
+            choice, order, nodes_of = hint
+            candidates += [replay_schedule(p, choice, order, nodes_of), list_schedule(p, choice, order)]
+    best = min(candidates, key=lambda s: s.makespan)
+    plan = problem.to_plan(best, policy="saturn", lower_bound_s=bound.value, solve_time_s=time.perf_counter() - t0)
+    validate_plan(plan, profile, cluster, context)
+    return plan
+
+
 @dataclass(frozen=True)
 class _Call:
     profile: Any
@@ -72,7 +127,7 @@ class _Call:
 
 @dataclass
 class PlannerStats:
-    """What planning cost: cheap plans made in hooks, full solves in the background."""
+    """What planning cost: quick plans made in hooks, full solves in the background."""
 
     quick_plans: int = 0
     quick_time_s: float = 0.0
@@ -81,9 +136,126 @@ class PlannerStats:
     background_time_s: float = 0.0
     background_failures: int = 0
     applied: int = 0
+    background: str = ""
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, Any]:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in dataclasses.asdict(self).items()}
+
+
+def _full_solve(solve: Callable[..., Plan], call: _Call, time_limit_s: float) -> tuple[Plan, float]:
+    t0 = time.perf_counter()
+    plan = solve(
+        call.profile, call.cluster, call.policy, context=call.context, time_limit_s=time_limit_s, seed=call.seed
+    )
+    return plan, time.perf_counter() - t0
+
+
+class _SolverActor:
+    """The background as a Ray actor (a process of its own: no GIL shared with Tune's driver)."""
+
+    def __init__(self, time_limit_s: float) -> None:
+        from ray_saturn.solver import solve
+
+        self._solve, self._limit = solve, time_limit_s
+
+    def solve(self, call: _Call) -> tuple[Plan, float]:
+        return _full_solve(self._solve, call, self._limit)
+
+
+class _ActorBackend:
+    def __init__(self, time_limit_s: float) -> None:
+        import ray
+
+        self._ray = ray
+        self._actor = ray.remote(num_cpus=0)(_SolverActor).remote(time_limit_s)
+        self._inflight = None
+        self._queued: _Call | None = None
+
+    def submit(self, call: _Call) -> None:
+        if self._inflight is None:
+            self._inflight = self._actor.solve.remote(call)
+        else:
+            self._queued = call  # latest wins
+
+    def poll(self, timeout_s: float = 0.0) -> tuple[Plan | None, float, bool]:
+        """(plan, seconds, failed) of a solve that finished, else (None, 0, False)."""
+        if self._inflight is None:
+            return None, 0.0, False
+        ready, _ = self._ray.wait([self._inflight], timeout=timeout_s)
+        if not ready:
+            return None, 0.0, False
+        ref, self._inflight = self._inflight, None
+        if self._queued is not None:
+            call, self._queued = self._queued, None
+            self.submit(call)
+        try:
+            plan, secs = self._ray.get(ref)
+            return plan, secs, False
+        except Exception as exc:
+            logger.warning("background planning failed (the current plan stays): %s", str(exc).splitlines()[0])
+            return None, 0.0, True
+
+    def idle(self) -> bool:
+        return self._inflight is None
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._ray.kill(self._actor)
+
+
+class _ThreadBackend:
+    def __init__(self, solve: Callable[..., Plan], time_limit_s: float) -> None:
+        self._solve, self._limit = solve, time_limit_s
+        self._cond = threading.Condition()
+        self._queued: _Call | None = None
+        self._busy = False
+        self._done: list[tuple[Plan | None, float, bool]] = []
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="saturn-tune-planner", daemon=True)
+        self._thread.start()
+
+    def submit(self, call: _Call) -> None:
+        with self._cond:
+            self._queued = call  # latest wins
+            self._cond.notify_all()
+
+    def poll(self, timeout_s: float = 0.0) -> tuple[Plan | None, float, bool]:
+        with self._cond:
+            if not self._done and timeout_s > 0:
+                self._cond.wait_for(lambda: self._done or (self._queued is None and not self._busy), timeout_s)
+            if not self._done:
+                return None, 0.0, False
+            done, self._done = self._done, []
+        # The newest finished plan; earlier ones are superseded.
+        return done[-1][0], sum(d[1] for d in done), any(d[2] for d in done)
+
+    def idle(self) -> bool:
+        with self._cond:
+            return self._queued is None and not self._busy and not self._done
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=60)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._queued is not None or self._closed)
+                if self._closed:
+                    return
+                call, self._queued, self._busy = self._queued, None, True
+            try:
+                plan, secs = _full_solve(self._solve, call, self._limit)
+                out = (plan, secs, False)
+            except Exception as exc:  # the quick plan stays in force
+                logger.warning("background planning failed (the current plan stays): %s", exc)
+                out = (None, 0.0, True)
+            with self._cond:
+                self._busy = False
+                self._done.append(out)
+                self._cond.notify_all()
 
 
 class BackgroundPlanner:
@@ -92,160 +264,121 @@ class BackgroundPlanner:
     Args:
         time_limit_s: time limit of each background solve.
         allows_moves: whether the re-planning policy moves running tasks; then
-            a call where no running task may move is the controller's
-            "keep everything in place" comparison, which is not solved again
-            in the background.
-        solve: the solver function (default :func:`ray_saturn.solver.solve`).
+            a call where no running task may move is the controller's "keep
+            everything in place" comparison, which is not solved again in the
+            background.
+        use_ray: solve in a Ray actor (default: when Ray is initialised), else a thread.
+        solve: the solver function of the thread background (default :func:`ray_saturn.solver.solve`).
     """
 
-    def __init__(self, *, time_limit_s: float, allows_moves: bool = True, solve: Callable[..., Plan] | None = None):
-        if solve is None:
-            from ray_saturn.solver import solve as default_solve
-
-            solve = default_solve
-        self._solve = solve
+    def __init__(
+        self,
+        *,
+        time_limit_s: float,
+        allows_moves: bool = True,
+        use_ray: bool | None = None,
+        solve: Callable[..., Plan] | None = None,
+    ) -> None:
         self.time_limit_s = float(time_limit_s)
         self.allows_moves = allows_moves
+        self.use_ray = use_ray
+        self._solve = solve
         self.stats = PlannerStats()
         #: While False, calls are not solved again in the background (set while applying a background plan).
         self.refine = True
-        self._cond = threading.Condition()
-        self._queued: _Call | None = None  # waiting for the thread (latest wins)
-        self._busy = False
-        self._newest: Plan | None = None  # newest finished background plan
-        self._fresh = False  # ... not applied yet
-        self._candidate: _Call | None = None  # the last call since flush()
-        self._thread: threading.Thread | None = None
-        self._closed = False
+        #: The newest plan the background finished, and whether it was not applied yet.
+        self.newest: Plan | None = None
+        self.fresh = False
+        self._candidate: _Call | None = None
+        self._backend: _ActorBackend | _ThreadBackend | None = None
 
     def __getstate__(self) -> dict:
-        # Tune pickles its scheduler with the experiment: keep the plans, not the thread.
+        # Tune pickles its scheduler with the experiment: keep the plans, not the background.
         state = dict(self.__dict__)
-        for k in ("_cond", "_thread", "_queued", "_candidate"):
-            state.pop(k)
-        state["_busy"] = False
+        state["_backend"] = state["_candidate"] = None
         return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._cond = threading.Condition()
-        self._thread = None
-        self._queued = self._candidate = None
 
     # ------------------------------------------------------------ the solve function
     def __call__(self, profile, cluster, policy, *, context: PlanningContext, time_limit_s: float, seed: int = 0):
         t0 = time.perf_counter()
-        with self._cond:
-            newest = self._newest if self._fresh else None
-        incumbents = [context.incumbent]
-        if newest is not None:
-            incumbents.append(incumbent_of(newest))
-        best: Plan | None = None
-        for inc in incumbents:
-            ctx = context if inc is context.incumbent else dataclasses.replace(context, incumbent=inc)
-            try:
-                plan = self._solve(profile, cluster, policy, context=ctx, time_limit_s=0.0, seed=seed)
-            except Exception:
-                if inc is context.incumbent:
-                    raise
-                # A background plan that no longer decodes (e.g. the cluster changed): plan without it.
-                logger.info("the background plan does not apply to the current state; planning without it")
-                continue
-            if best is None or plan.makespan_s < best.makespan_s - 1e-9:
-                best = plan
-        assert best is not None
-        if self.refine and not self._keep_comparison(context):
+        extra = incumbent_of(self.newest) if self.fresh and self.newest is not None else None
+        plan = quick_plan(profile, cluster, policy, context, extra=extra, seed=seed)
+        keep_comparison = self.allows_moves and bool(context.running) and not any(r.movable for r in context.running)
+        if self.refine and _policy_name(policy) == "saturn" and not keep_comparison:
             self._candidate = _Call(profile, cluster, policy, context, seed)
         dt = time.perf_counter() - t0
         self.stats.quick_plans += 1
         self.stats.quick_time_s += dt
         self.stats.max_quick_ms = max(self.stats.max_quick_ms, 1000 * dt)
-        return best
-
-    def _keep_comparison(self, context: PlanningContext) -> bool:
-        return self.allows_moves and bool(context.running) and not any(r.movable for r in context.running)
+        return plan
 
     # ------------------------------------------------------------ background
-    @property
-    def fresh(self) -> bool:
-        """A background plan finished and was not applied yet."""
-        with self._cond:
-            return self._fresh
+    def _get_backend(self):
+        if self._backend is None:
+            use_ray = self.use_ray
+            if use_ray is None:
+                try:
+                    import ray
 
-    @property
-    def newest(self) -> Plan | None:
-        """The newest plan the background finished (``None`` before the first)."""
-        with self._cond:
-            return self._newest
+                    use_ray = ray.is_initialized()
+                except ImportError:  # pragma: no cover - ray is a dependency
+                    use_ray = False
+            if use_ray:
+                self._backend = _ActorBackend(self.time_limit_s)
+            else:
+                if self._solve is None:
+                    from ray_saturn.solver import solve
 
-    def consume(self, applied: bool = True) -> None:
-        """The fresh background plan was applied (the controller re-planned with it), or was
-        not needed (``applied=False``: it decides what the plan being followed decides)."""
-        with self._cond:
-            if self._fresh and applied:
-                self.stats.applied += 1
-            self._fresh = False
+                    self._solve = solve
+                self._backend = _ThreadBackend(self._solve, self.time_limit_s)
+            self.stats.background = "ray actor" if use_ray else "thread"
+        return self._backend
 
     def flush(self) -> None:
         """Hand the last call since the previous flush to the background (replacing a queued one)."""
         call, self._candidate = self._candidate, None
-        if call is None or self._closed:
-            return
-        with self._cond:
-            self._queued = call
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="saturn-tune-planner", daemon=True)
-                self._thread.start()
-            self._cond.notify_all()
+        if call is not None:
+            self._get_backend().submit(call)
+
+    def poll(self, timeout_s: float = 0.0) -> bool:
+        """Take in a background plan that finished; True when one is fresh (not applied yet)."""
+        if self._backend is not None:
+            plan, secs, failed = self._backend.poll(timeout_s)
+            self.stats.background_time_s += secs
+            if failed:
+                self.stats.background_failures += 1
+            if plan is not None:
+                self.stats.background_solves += 1
+                self.newest, self.fresh = plan, True
+        return self.fresh
+
+    def consume(self, applied: bool = True) -> None:
+        """The fresh background plan was applied (the controller re-planned with it), or was
+        not needed (``applied=False``: it decides what the plan being followed decides)."""
+        if self.fresh and applied:
+            self.stats.applied += 1
+        self.fresh = False
 
     def wait(self, timeout_s: float) -> bool:
-        """Wait until the background is idle (for tests and shutdown); True if it is."""
+        """Wait until the background is idle (tests, shutdown); True if it is. Finished plans stay to be polled."""
         deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while self._queued is not None or self._busy:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
+        backend = self._backend
+        if backend is None:
             return True
+        if isinstance(backend, _ThreadBackend):
+            with backend._cond:
+                return backend._cond.wait_for(
+                    lambda: backend._queued is None and not backend._busy, max(0.0, deadline - time.monotonic())
+                )
+        while not backend.idle():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.poll(min(left, 1.0))
+        return True
 
     def close(self) -> None:
-        """Stop the background thread (a solve in progress finishes first)."""
-        with self._cond:
-            self._closed = True
-            self._queued = None
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=60)
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while self._queued is None and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    return
-                call, self._queued, self._busy = self._queued, None, True
-            t0 = time.perf_counter()
-            plan = None
-            try:
-                plan = self._solve(
-                    call.profile,
-                    call.cluster,
-                    call.policy,
-                    context=call.context,
-                    time_limit_s=self.time_limit_s,
-                    seed=call.seed,
-                )
-            except Exception as exc:  # the cheap plan stays in force; say why once per failure
-                logger.warning("background planning failed (the current plan stays): %s", exc)
-            dt = time.perf_counter() - t0
-            with self._cond:
-                self._busy = False
-                self.stats.background_time_s += dt
-                if plan is None:
-                    self.stats.background_failures += 1
-                else:
-                    self.stats.background_solves += 1
-                    self._newest, self._fresh = plan, True
-                self._cond.notify_all()
+        """Stop the background (a solve in progress finishes first in a thread; an actor is ended)."""
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None

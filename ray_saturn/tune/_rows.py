@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,22 +72,19 @@ class TrialRows:
                 return dict(r.knobs)
         return {}
 
-    def to_profile(self, task: str) -> ProfileTable:
-        """The rows as a profile table of one task named ``task`` (for the controller)."""
-        return ProfileTable.from_rows(
-            [
-                {
-                    "task": task,
-                    "strategy": r.strategy,
-                    "gpus": r.gpus,
-                    "nodes": 1,
-                    "step_time_s": r.step_time_s,
-                    "steps": self.steps,
-                }
-                for r in self.rows
-            ],
-            source=f"trial {task}",
-        )
+    def to_rows(self, task: str) -> list[dict[str, Any]]:
+        """The rows as profile-table rows of a task named ``task`` (for the controller)."""
+        return [
+            {
+                "task": task,
+                "strategy": r.strategy,
+                "gpus": r.gpus,
+                "nodes": 1,
+                "step_time_s": r.step_time_s,
+                "steps": self.steps,
+            }
+            for r in self.rows
+        ]
 
 
 def profile_rows(table: ProfileTable, task: str) -> list[dict[str, Any]]:
@@ -143,14 +140,17 @@ def _knobs(value: Any, where: str) -> dict[str, Any]:
     raise TrialRejected(f"{where}: knobs is {value!r}; give a dict or a JSON object")
 
 
-def trial_rows(raw: Any, *, max_gpus_per_node: int) -> TrialRows:
-    """Check an estimate's rows for one trial (see the module docstring); raises :class:`TrialRejected`."""
+def trial_rows(raw: Any, *, max_gpus_per_node: int, registered: Collection[str] | None = None) -> TrialRows:
+    """Check an estimate's rows for one trial (see the module docstring); raises :class:`TrialRejected`.
+
+    ``registered``: the registered strategy names (default: looked up).
+    """
     from ray_saturn.strategies import get_strategy, strategy_names
 
     mappings = _as_mappings(raw)
     if not mappings:
         raise TrialRejected("the estimate returned no rows")
-    registered = set(strategy_names())
+    registered = set(strategy_names() if registered is None else registered)
     rows: list[TrialRow] = []
     left_out: list[str] = []
     steps_seen: set[int] = set()

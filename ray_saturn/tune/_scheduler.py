@@ -55,6 +55,7 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray_saturn.control import Controller, Launch, Stop, TaskArrived, TaskFailed, TaskFinished, TaskState, Tick
 from ray_saturn.errors import SaturnError
 from ray_saturn.metrics import RunMetrics
+from ray_saturn.profile_table import ProfileTable
 from ray_saturn.spec import ClusterSpec
 from ray_saturn.tune._planner import BackgroundPlanner, same_decisions
 from ray_saturn.tune._rows import TrialRejected, TrialRows, trial_rows
@@ -236,6 +237,9 @@ class SaturnScheduler(TrialScheduler):
         self.gpu_events: list[GpuEvent] = []
         #: Every move made (a running trial paused and restarted elsewhere).
         self.moves: list[Move] = []
+        from ray_saturn.strategies import strategy_names
+
+        self._strategies = frozenset(strategy_names())
         _warm_up_solver()
 
     # ------------------------------------------------------------ public views
@@ -292,7 +296,9 @@ class SaturnScheduler(TrialScheduler):
             self._trials[trial.trial_id] = st
             self._now()  # the clock starts at the first trial
             try:
-                st.rows = trial_rows(self._estimate(config), max_gpus_per_node=self._max_gpus_per_node())
+                st.rows = trial_rows(
+                    self._estimate(config), max_gpus_per_node=self._max_gpus_per_node(), registered=self._strategies
+                )
             except TrialRejected as exc:
                 st.rejected = str(exc)
             except SaturnError:
@@ -402,14 +408,15 @@ class SaturnScheduler(TrialScheduler):
         events = []
         if self._arrivals:
             arrived, self._arrivals = self._arrivals, []
+            rows = ProfileTable.from_rows(
+                [r for tid in arrived for r in self._trials[tid].rows.to_rows(tid)], source="tune trials"
+            )
+            if self._ctl is None:
+                self._ctl = self._make_controller(rows)
+            else:
+                self._ctl.add_tasks(rows)
             for tid in arrived:
-                st = self._trials[tid]
-                rows = st.rows.to_profile(tid)
-                if self._ctl is None:
-                    self._ctl = self._make_controller(rows)
-                else:
-                    self._ctl.add_tasks(rows)
-                st.in_controller = True
+                self._trials[tid].in_controller = True
                 events.append(TaskArrived(time_s=now, task=tid))
         if self._ended:
             ended, self._ended = self._ended, []
@@ -426,7 +433,7 @@ class SaturnScheduler(TrialScheduler):
             actions += ctl.handle(Tick(time_s=now))
         if len(ctl.replans) > replans:
             self._planner.flush()  # solve the newest state in the background
-        newest = self._planner.newest if self._planner.fresh else None
+        newest = self._planner.newest if self._planner.poll() else None
         if newest is not None and (ctl.done or (ctl.plan is not None and same_decisions(newest, ctl.plan))):
             self._planner.consume(applied=False)  # nothing to change
         elif newest is not None:
