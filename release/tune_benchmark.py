@@ -333,7 +333,7 @@ def main() -> int:
         _fail(f"{args.profile}: no task has a feasible single-node row on 1 GPU and on {args.gpus_per_node} GPUs")
     skipped = len(table.tasks) - len(rows)
 
-    from ray_saturn.runtime.api import emulated_cluster
+    from ray_saturn.runtime.emulation import emulated_cluster
 
     results: dict[str, Any] = {}
     with emulated_cluster(args.nodes, args.gpus_per_node), tempfile.TemporaryDirectory() as storage:

@@ -186,10 +186,14 @@ def test_trials_are_held_released_in_plan_order_together_and_free_gpus(fake_tune
     planned = {a.task: a.start_s for a in s.controller.plan.assignments}
     waiting = [t.trial_id for t in trials if t.trial_id not in started]
     assert all(planned[a] <= planned[b] + 1e-9 for a in started for b in waiting)
-    # An early stop (ASHA) frees the GPUs at once and the next trial starts.
-    clock.t = 1.0
-    tune.complete(started[0])
-    nxt = tune.step()
+    # Early stops (ASHA) free the GPUs at once; the next trial starts as soon as its GPUs are free.
+    nxt = []
+    for i, tid in enumerate(started):
+        clock.t = 1.0 + i
+        tune.complete(tid)
+        nxt = tune.step()
+        if nxt:
+            break
     assert nxt and set(nxt) <= set(waiting)
     assert _in_use(s.gpu_events)[1] <= 2
     st = s.stats()

@@ -453,12 +453,19 @@ class SaturnScheduler(TrialScheduler):
             self.metrics.replanned(len(ctl.replans) - replans)
 
     def _make_controller(self, rows) -> Controller:
+        from ray_saturn.runtime.config import DriverConfig
+
+        run = DriverConfig()  # the re-planning rate limits of ray_saturn.run
         return Controller(
             rows,
             self._cluster_spec(),
             self._replan_policy,
             restart_s=self._restart_s,
             solver_time_limit_s=self._time_limit_s,
+            min_replan_gap_s=run.min_replan_gap_s,
+            drift_replan_gap_s=run.drift_replan_gap_s,
+            drift_replan_gap_fraction=run.drift_replan_gap_fraction,
+            min_reports=run.min_reports,
             max_failures=_NO_LIMIT,
             solve=self._planner,
         )
