@@ -108,8 +108,8 @@ def _train_segments(
     ways: int,
 ) -> None:
     """Train to ``target`` in segments of ``report_every`` steps; rank 0 reports after each."""
-    from ray_saturn.strategies.checkpoint import latest_checkpoint, latest_step
     from ray_saturn.strategies import train_worker
+    from ray_saturn.strategies.checkpoint import latest_checkpoint, latest_step
 
     step = latest_step(ckpt_dir) or 0
     while step < target:
