@@ -103,6 +103,12 @@ class Move:
     def changed_size(self) -> bool:
         return self.from_gpus != self.to_gpus
 
+    def describe(self) -> str:
+        return (
+            f"{self.from_strategy} x{self.from_gpus} on {self.from_node} -> "
+            f"{self.to_strategy} x{self.to_gpus} on {self.to_node} ({self.reason})"
+        )
+
 
 @dataclass
 class SchedulerStats:
@@ -489,31 +495,11 @@ class SaturnScheduler(TrialScheduler):
                 if st.phase == "running":
                     st.phase = "stopping"
                     strategy, gpus, node = st.placement
-                    self.moves.append(
-                        Move(
-                            now,
-                            a.task,
-                            strategy,
-                            gpus,
-                            node,
-                            a.target.strategy,
-                            a.target.gpus,
-                            a.target.nodes[0],
-                            a.reason,
-                        )
-                    )
+                    t = a.target
+                    move = Move(now, a.task, strategy, gpus, node, t.strategy, t.gpus, t.nodes[0], a.reason)
+                    self.moves.append(move)
                     self.metrics.moved()
-                    logger.info(
-                        "moving trial %s from %s x%d on %s to %s x%d on %s (%s)",
-                        a.task,
-                        strategy,
-                        gpus,
-                        node,
-                        a.target.strategy,
-                        a.target.gpus,
-                        a.target.nodes[0],
-                        a.reason,
-                    )
+                    logger.info("moving trial %s: %s", a.task, move.describe())
                 elif st.phase == "launching":
                     st.phase = "held"
             else:
