@@ -32,7 +32,7 @@ CPU = WorkerContext(0, 1, torch.device("cpu"))
 
 
 def test_builtins_registered_and_unknown_name_lists_them():
-    assert strategy_names() == ["ddp", "ddp-compressed", "fsdp", "pipeline", "single", "spill"]
+    assert strategy_names() == ["ddp", "ddp-compressed", "fsdp", "pipeline", "single", "spill", "zero"]
     with pytest.raises(StrategyError, match=r"'nope' is not registered \(registered: ddp, ddp-compressed"):
         get_strategy("nope")
 
@@ -81,7 +81,7 @@ def test_search_keeps_the_fastest_feasible_setting_not_the_first():
     assert result.trials[0].step_time_s >= 0.2 > result.step_time_s == result.trials[1].step_time_s
     reasons = [t.reason for t in result.trials]
     assert reasons[0] is None and reasons[1] is None and "time machine" in reasons[2]
-    assert "RSS" in result.memory_measure
+    assert "tensor bytes" in result.memory_measure
 
 
 def test_search_reports_failures_and_memory_limit():
@@ -93,6 +93,22 @@ def test_search_reports_failures_and_memory_limit():
     assert isinstance(big, Infeasible) and "exceeds the 0 GB per GPU" in big.reason
     na = get_strategy("ddp").search(mlp_task(), CPU)
     assert isinstance(na, Infeasible) and "needs at least 2 GPUs" in na.reason
+
+
+def test_zero_knobs():
+    zero = get_strategy("zero")
+    assert zero.exact and zero.applies(mlp_task(), 1) == "zero needs at least 2 GPUs (use single for 1)"
+    # a 1.6k-parameter model: 2**20 and 2**23 both mean "bucket everything", measured once
+    assert zero.knob_space(mlp_task(), 2) == [
+        {"reduce_buffer_size": 0, "broadcast_buffers": True},
+        {"reduce_buffer_size": 2**20, "broadcast_buffers": True},
+    ]
+    for bad, msg in [({"reduce_buffer_size": -1}, "whole number of elements"),
+                     ({"reduce_buffer_size": 1.5}, "whole number of elements"),
+                     ({"broadcast_buffers": "yes"}, "true or false"),
+                     ({"broadcast_buffer_size": 1}, r"unknown knob\(s\) broadcast_buffer_size")]:
+        with pytest.raises(KnobError, match=msg):
+            zero.check_knobs(bad)
 
 
 def test_applies_and_knob_errors():
@@ -184,6 +200,71 @@ def test_spill_keeps_one_shard_on_the_compute_device():
         torch.testing.assert_close(p.grad, q.grad)
     with pytest.raises(KnobError, match="shards is 7"):
         SpilledSequential(torch.nn.Sequential(torch.nn.Linear(2, 2)), shards=7, compute=torch.device("cpu"))
+
+
+def test_spill_keeps_buffer_updates_once_per_forward():
+    """BatchNorm's running statistics change once per step (forward), not again in the recomputation."""
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 1)]
+    model = torch.nn.Sequential(*layers)
+    ref = torch.nn.Sequential(*[type(m)(*a) for m, a in zip(layers, [(4, 8), (8,), (), (8, 1)], strict=True)])
+    ref.load_state_dict(model.state_dict())
+    spilled = SpilledSequential(model, shards=2, compute=torch.device("cpu"))
+    for _ in range(2):
+        x = torch.randn(16, 4)
+        spilled(x).square().mean().backward()
+        ref(x).square().mean().backward()
+    for (name, a), b in zip(model.state_dict().items(), ref.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, msg=name)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def _eight_blocks(width: int) -> torch.nn.Sequential:
+    return torch.nn.Sequential(
+        *[
+            torch.nn.Sequential(
+                torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width)
+            )
+            for _ in range(8)
+        ]
+    )
+
+
+def _spill_compute_bytes(shards: int, rows: int = 1024, width: int = 64) -> dict[str, int]:
+    """Tensor bytes on the compute device for one forward + backward of spill on 8 equal blocks.
+
+    The compute device is ``meta`` and the offload device the CPU, both under
+    FakeTensorMode (real operators and storage sizes, no data), so TensorMemory
+    tells the two devices apart, which two CPU "devices" would not.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ray_saturn.strategies.memory import TensorMemory
+
+    meta, cpu = torch.device("meta"), torch.device("cpu")
+    with FakeTensorMode():
+        model = _eight_blocks(width)
+        spilled = SpilledSequential(model, shards, compute=meta, offload=cpu)
+        with TensorMemory() as mem:
+            x = torch.randn(rows, width, device=meta)
+            y = spilled(x)
+            after_forward = mem.live_bytes(meta)
+            y.square().mean().backward()
+        assert all(p.grad is not None and p.grad.device == cpu for p in model.parameters())
+    return {"peak": mem.peak_bytes(meta), "after_forward": after_forward, "activation": rows * width * 4}
+
+
+def test_spill_compute_memory_falls_with_the_shard_count():
+    got = {s: _spill_compute_bytes(s) for s in (1, 2, 4, 8)}
+    for s, m in got.items():
+        print(f"spill, 8 equal blocks, {s} shard(s): compute-device peak {m['peak'] / 1e6:.2f} MB")
+    ratio = got[4]["peak"] / got[1]["peak"]
+    print(f"4 shards / 1 shard = {ratio:.2f} (target <= 0.5)")
+    assert ratio <= 0.5
+    assert got[1]["peak"] > got[2]["peak"] > got[4]["peak"] > got[8]["peak"]
+    for m in got.values():  # between forward and backward only the input and output are on the compute device
+        assert m["after_forward"] == 2 * m["activation"]
 
 
 def test_data_stream_resumes_at_any_position():

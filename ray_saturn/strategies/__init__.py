@@ -1,7 +1,7 @@
 """Parallelism strategies: plug-ins registered by name, and the worker-side entry point.
 
 Built-ins: ``single``, ``ddp``, ``ddp-compressed``, ``fsdp``, ``pipeline``,
-``spill`` (one module each). Third parties register a
+``spill``, ``zero`` (one module each). Third parties register a
 :class:`~ray_saturn.strategies.base.Strategy` subclass through the entry-point
 group ``ray_saturn.strategies``.
 
@@ -39,7 +39,7 @@ index>`` and NCCL when CUDA is available, else the CPU and gloo; see
 Example:
     >>> from ray_saturn.strategies import strategy_names
     >>> strategy_names()
-    ['ddp', 'ddp-compressed', 'fsdp', 'pipeline', 'single', 'spill']
+    ['ddp', 'ddp-compressed', 'fsdp', 'pipeline', 'single', 'spill', 'zero']
 """
 
 # Names resolve on first use (PEP 562), so ``import ray_saturn`` does not import torch.

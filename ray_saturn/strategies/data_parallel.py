@@ -56,12 +56,20 @@ class DataParallelRunner(Runner):
 
     def step(self, batch: Any) -> float:
         local = to_device(shard_batch(batch, self.ctx.rank, self.ctx.world_size), self.ctx.device)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.zero_grad()
         out = self.wrapped(model_input(local))
         loss = self.loss_fn(out, local)
         loss.backward()
-        self.optimizer.step()
+        self.optimizer_step()
         return mean_across_workers(loss, self.ctx)
+
+    def zero_grad(self) -> None:
+        """Drop the previous step's gradients (a wrapper that owns them overrides this)."""
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def optimizer_step(self) -> None:
+        """Apply the averaged gradients (a sharded optimizer overrides this)."""
+        self.optimizer.step()
 
     def close(self) -> None:
         if self._on_close is not None:

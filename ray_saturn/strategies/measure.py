@@ -4,9 +4,12 @@ For each knob setting: build the model afresh, run ``warmup`` steps (not
 timed: allocation, autotuning, first communication), then time ``steps``
 steps; the step time is the median over steps of the slowest worker's time.
 Peak memory per GPU is ``torch.cuda.max_memory_allocated`` on CUDA. On a CPU
-worker it is the peak resident set size of the worker process above its size
-before the model was built, sampled every 5 ms (an approximation: it includes
-the allocator's slack and everything else the process allocates). A setting
+worker it is the peak of the tensor bytes the worker holds
+(:class:`~ray_saturn.strategies.memory.TensorMemory`: parameters, gradients,
+optimizer state, activations and temporaries, as a GPU allocator would count
+them) over building the model and the untimed warm-up steps (at least one);
+unlike the process's resident set size it falls when a strategy shards
+(fsdp, zero) and is not blurred by the allocator's slack. A setting
 that raises (out of memory included) is infeasible with the error as reason;
 so is one whose peak exceeds ``memory_limit_gb``.
 
@@ -22,11 +25,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
-import os
 import statistics
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -38,6 +40,7 @@ from ray_saturn.strategies.base import Infeasible, SearchResult, Trial, WorkerCo
 from ray_saturn.strategies.batching import DataStream
 from ray_saturn.strategies.device import synchronize
 from ray_saturn.strategies.introspect import build_model
+from ray_saturn.strategies.memory import TensorMemory
 
 if TYPE_CHECKING:
     from ray_saturn.spec import Task
@@ -49,46 +52,8 @@ log = logging.getLogger(__name__)
 
 MEMORY_MEASURE = {
     "cuda": "torch.cuda.max_memory_allocated per GPU",
-    "cpu": "peak process RSS above its pre-model size, sampled every 5 ms",
+    "cpu": "peak tensor bytes per worker (TensorMemory) over model build and warm-up steps",
 }
-
-
-def _rss() -> int:
-    """Resident set size of this process in bytes (Linux /proc; else the peak from getrusage)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-class _RssSampler:
-    def __init__(self, period_s: float = 0.005) -> None:
-        self._period = period_s
-        self.base = _rss()
-        self.peak = self.base
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, _rss())
-            self._stop.wait(self._period)
-
-    def __enter__(self) -> _RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, _rss())
-
-    @property
-    def peak_gb(self) -> float:
-        return max(0, self.peak - self.base) / 1e9
 
 
 def _reduce_max(value: float, ctx: WorkerContext) -> float:
@@ -110,38 +75,39 @@ def measure_knobs(
 ) -> tuple[float, float]:
     """(median step time in seconds, peak memory in GB) of one knob setting on this worker group."""
     gc.collect()
-    if ctx.device.type == "cuda":
+    cuda = ctx.device.type == "cuda"
+    if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(ctx.device)
-    sampler = _RssSampler() if ctx.device.type != "cuda" else None
+    # CPU: tensor bytes counted over the model build and the (untimed) warm-up steps, which
+    # allocate everything a step keeps (optimizer state included); at least one step is counted.
+    counted = None if cuda else TensorMemory()
     times: list[float] = []
     runner = None
     try:
-        if sampler:
-            sampler.__enter__()
-        runner = strategy.prepare(build_model(task), task, knobs, ctx)
-        stream = DataStream(task.data, task.hparams)
-        for i in range(warmup + steps):
+        with counted if counted is not None else contextlib.nullcontext():
+            runner = strategy.prepare(build_model(task), task, knobs, ctx)
+            stream = DataStream(task.data, task.hparams)
+            for _ in range(max(warmup, 0 if cuda else 1)):
+                runner.step(next(stream))
+        for _ in range(steps):
             batch = next(stream)
             synchronize(ctx.device)
             t0 = time.perf_counter()
             runner.step(batch)
             synchronize(ctx.device)
-            if i >= warmup:
-                times.append(time.perf_counter() - t0)
+            times.append(time.perf_counter() - t0)
     finally:
-        if sampler:
-            sampler.__exit__(None, None, None)
         if runner is not None:
             runner.close()
         del runner
         gc.collect()
     times = [_reduce_max(t, ctx) for t in times]
-    if ctx.device.type == "cuda":
+    if cuda:
         peak = torch.cuda.max_memory_allocated(ctx.device) / 1e9
     else:
-        assert sampler is not None
-        peak = sampler.peak_gb
+        assert counted is not None
+        peak = counted.peak_bytes(ctx.device) / 1e9
     return statistics.median(times), _reduce_max(peak, ctx)
 
 

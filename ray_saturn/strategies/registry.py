@@ -35,6 +35,7 @@ _BUILTINS = {
     "fsdp": "ray_saturn.strategies.fsdp:FSDP",
     "pipeline": "ray_saturn.strategies.pipeline:Pipeline",
     "spill": "ray_saturn.strategies.spill:Spill",
+    "zero": "ray_saturn.strategies.zero:Zero",
 }
 
 _registry: dict[str, Strategy] = {}

@@ -2,15 +2,26 @@
 
 The parameters (and their gradients and optimizer state) live on the offload
 device (CPU memory). The model's ``nn.Sequential`` children are cut into
-``shards`` runs of consecutive layers. Forward moves one shard at a time onto
-the compute device, runs it without keeping its activations, and moves it
-back; backward walks the shards in reverse, moves each one in again,
-recomputes its forward with autograd and back-propagates through it, and
-moves the gradients out. So at most one shard's parameters and one shard's
-activations are on the compute device at a time. This is what fairscale's
+``shards`` runs of consecutive layers. Forward copies one shard's parameters
+(and buffers) at a time onto the compute device, runs the shard without
+keeping its activations (``no_grad``), copies the shard's *input* to the
+offload device, and drops the copies. Backward walks the shards in reverse:
+it copies the shard's parameters and its saved input back, recomputes the
+shard's forward with autograd, back-propagates through it, and moves the
+parameter gradients to the offload device. So the compute device holds at
+most one shard's parameters and one shard's activations at a time, plus the
+activation flowing between shards (its size does not grow with depth):
+compute-device memory falls as the shard count grows (``tests`` measure it
+per device against the shard count). This is what fairscale's
 ``OffloadModel`` does; fairscale's version needs CUDA, this one also runs
 (and is tested) with both devices being the CPU, where each move is a real
 copy into a separate tensor.
+
+Shards run through ``torch.func.functional_call`` on the copies, so the
+module's own parameters never change device and stay what the optimizer and
+checkpoints see. Buffers a forward updates (BatchNorm statistics) are copied
+back after the forward; the recomputation's updates are dropped, so they
+change once per step, as in one-process training.
 
 The maths equals one-process training (recomputation is deterministic for
 deterministic layers). Knob: ``shards``.
@@ -32,6 +43,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.func import functional_call
 
 from ray_saturn.spec import Task
 from ray_saturn.strategies.base import KnobError, Runner, Strategy, WorkerContext
@@ -41,70 +53,86 @@ __all__ = ["Spill", "SpilledSequential"]
 
 
 class _Shard:
-    """A run of layers whose parameters move between the offload and compute devices."""
+    """A run of layers whose parameters and buffers are copied to the compute device when used."""
 
-    def __init__(
-        self, layers: nn.Sequential, compute: torch.device, owner: SpilledSequential
-    ) -> None:
+    def __init__(self, layers: nn.Sequential, owner: SpilledSequential) -> None:
         self.layers = layers
-        self.compute = compute
         self.owner = owner
-        self.params = [p for p in layers.parameters()]
-        self._home: list[torch.Tensor] | None = None
+        named = list(layers.named_parameters())
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.buffers = list(layers.named_buffers())
 
-    def fetch(self) -> None:
-        """Copy the parameters onto the compute device (a new tensor even on the same device)."""
-        self._home = [p.data for p in self.params]
-        for p in self.params:
-            p.data = p.data.to(self.compute, copy=True)
-        self.owner.resident += 1
-        self.owner.peak_resident = max(self.owner.peak_resident, self.owner.resident)
-        self.owner.moves += 1
+    @property
+    def compute(self) -> torch.device:
+        return self.owner.compute
 
-    def evict(self) -> None:
-        """Point the parameters back at their offload-device storage."""
-        assert self._home is not None
-        for p, home in zip(self.params, self._home, strict=True):
-            p.data = home
-        self._home = None
+    def fetch(self, *, trainable: bool = False) -> dict[str, torch.Tensor]:
+        """Copies of the shard's parameters and buffers on the compute device (new tensors even
+        on the same device); with ``trainable`` the copies of trainable parameters require grad."""
+        out: dict[str, torch.Tensor] = {}
+        for name, p in zip(self.names, self.params, strict=True):
+            t = p.detach().to(self.compute, copy=True)
+            out[name] = t.requires_grad_(trainable and p.requires_grad)
+        for name, b in self.buffers:
+            out[name] = b.detach().to(self.compute, copy=True)
+        owner = self.owner
+        owner.resident += 1
+        owner.peak_resident = max(owner.peak_resident, owner.resident)
+        owner.moves += 1
+        return out
+
+    def release(self) -> None:
         self.owner.resident -= 1
+
+    def keep_buffers(self, fetched: Mapping[str, torch.Tensor]) -> None:
+        """Copy buffers the forward updated (e.g. running statistics) back to the offload device."""
+        with torch.no_grad():
+            for name, b in self.buffers:
+                b.copy_(fetched[name])
+
+    def run(self, fetched: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.layers, dict(fetched), (x,))
 
 
 class _ShardFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, shard: _Shard, x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
         ctx.shard = shard
-        ctx.save_for_backward(x)
-        shard.fetch()
+        fetched = shard.fetch()
         try:
             with torch.no_grad():
-                y = shard.layers(x.to(shard.compute))
+                y = shard.run(fetched, x.to(shard.compute))
+            shard.keep_buffers(fetched)
         finally:
-            shard.evict()
+            del fetched
+            shard.release()
+        # the input waits for backward on the offload device, not on the compute device
+        ctx.save_for_backward(x.detach().to(shard.owner.offload, copy=True))
         return y
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         shard: _Shard = ctx.shard
-        (x,) = ctx.saved_tensors
-        shard.fetch()
+        (saved,) = ctx.saved_tensors
+        want_x = ctx.needs_input_grad[1]
+        wanted = [i for i, p in enumerate(shard.params) if p.requires_grad and ctx.needs_input_grad[2 + i]]
+        fetched = shard.fetch(trainable=True)
         try:
             with torch.enable_grad():
-                xin = x.detach().requires_grad_(x.requires_grad)
-                y = shard.layers(xin)
-                wanted = [p for p in shard.params if p.requires_grad]
-                inputs = ([xin] if x.requires_grad else []) + wanted
-                grads = torch.autograd.grad(y, inputs, grad_out) if inputs else ()
+                x = saved.to(shard.compute, copy=True).requires_grad_(want_x)
+                del saved
+                y = shard.run(fetched, x)
+                inputs = ([x] if want_x else []) + [fetched[shard.names[i]] for i in wanted]
+                grads = list(torch.autograd.grad(y, inputs, grad_out)) if inputs else []
+            del y, x
         finally:
-            shard.evict()
-        grads = list(grads)
-        gx = grads.pop(0) if x.requires_grad else None
-        by_param = dict(zip([id(p) for p in wanted], grads, strict=True))
-        homes = [p.device for p in shard.params]
-        gparams = [
-            by_param[id(p)].to(dev) if id(p) in by_param else None
-            for p, dev in zip(shard.params, homes, strict=True)
-        ]
+            del fetched
+            shard.release()
+        gx = grads.pop(0) if want_x else None
+        gparams: list[torch.Tensor | None] = [None] * len(shard.params)
+        for i, g in zip(wanted, grads, strict=True):
+            gparams[i] = g.to(shard.params[i].device)
         return (None, gx, *gparams)
 
 
@@ -129,7 +157,10 @@ class SpilledSequential(nn.Module):
                 f"spill: shards is {shards}; use 1..{len(model)} "
                 f"(the model has {len(model)} layers)"
             )
-        self.model = model.to(offload or torch.device("cpu"))
+        self.offload = offload or torch.device("cpu")
+        if any(t.device != self.offload for t in itertools.chain(model.parameters(), model.buffers())):
+            model = model.to(self.offload)
+        self.model = model
         self.compute = compute
         self.resident = 0
         self.peak_resident = 0
@@ -137,7 +168,7 @@ class SpilledSequential(nn.Module):
         from ray_saturn.strategies.pipeline import stage_bounds
 
         bounds = stage_bounds(model, shards, "params")
-        self._shards = [_Shard(model[a:b], compute, self) for a, b in itertools.pairwise(bounds)]
+        self._shards = [_Shard(model[a:b], self) for a, b in itertools.pairwise(bounds)]
 
     def state_dict(self, *args, **kwargs):  # the wrapped model's names
         return self.model.state_dict(*args, **kwargs)
