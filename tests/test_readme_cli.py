@@ -26,8 +26,8 @@ def readme_commands() -> list[str]:
             continue
         if fenced or line.startswith("    "):
             code.append(re.split(r"\s#\s", line)[0].strip())
-        else:
-            code += re.findall(r"`(ray-saturn [^`]+)`", line)
+        else:  # inline: a full command line; a bare `ray-saturn simulate` only names a subcommand (checked below)
+            code += [c for c in re.findall(r"`(ray-saturn [^`]+)`", line) if len(c.split()) > 2]
     out = []
     for text in code:
         for part in re.split(r"\s*(?:\|\||\||&&)\s*", text):
@@ -63,3 +63,10 @@ def test_run_dir_is_a_deprecated_alias_of_storage():
     a = build_parser().parse_args(["run", "w.py", "--run-dir", "/tmp/x"])
     b = build_parser().parse_args(["run", "w.py", "--storage", "/tmp/x"])
     assert a.storage == b.storage == "/tmp/x"
+
+
+def test_subcommands_named_in_the_readme_exist():
+    from ray_saturn.cli import SUBCOMMANDS
+
+    named = set(re.findall(r"`ray-saturn ([a-z-]+)`", (ROOT / "README.md").read_text()))
+    assert named and named <= set(SUBCOMMANDS), named - set(SUBCOMMANDS)

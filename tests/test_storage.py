@@ -202,3 +202,36 @@ def test_cli_refuses_unreachable_storage_in_one_line_before_starting_ray(s3, tmp
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and hint in lines[0] and uri.split("?")[0] in lines[0], (argv, lines)
         assert "Ray" not in proc.stdout + proc.stderr  # refused before Ray (or any GPU) was touched
+
+
+def _fsdp_on_s3(rank, uri):
+    from ray_saturn.strategies import train_worker
+    from ray_saturn.toy import mlp_task
+
+    out: list[float] = []
+    train_worker(mlp_task(batches=3), "fsdp", {}, target_step=4, checkpoint_dir=uri, checkpoint_every=2,
+                 report=lambda r: out.append(r["loss"]))
+    return out
+
+
+def test_sharded_checkpoint_on_s3_reshards_to_one_process(s3, tmp_path):  # noqa: F811
+    # Two gloo workers write FSDP shards straight to the bucket; one process reads them back and goes on.
+    import torch
+    from dist_helpers import run_workers
+
+    from ray_saturn.strategies import train_worker
+    from ray_saturn.toy import mlp_task
+
+    def single(d, target):
+        out: list[float] = []
+        train_worker(mlp_task(batches=3), "single", {}, target_step=target, checkpoint_dir=d, checkpoint_every=2,
+                     report=lambda r: out.append(r["loss"]))
+        return out
+
+    with s3.credentials():
+        uri = s3.uri("sharded/t")
+        first = run_workers(_fsdp_on_s3, 2, uri)[0]
+        assert len([k for k in s3.keys("sharded/t/step-000000004") if k.endswith(".distcp")]) == 2
+        rest = single(uri, 8)
+    ref = single(str(tmp_path / "ref"), 8)
+    torch.testing.assert_close(torch.tensor(first + rest), torch.tensor(ref), rtol=1e-4, atol=1e-5)

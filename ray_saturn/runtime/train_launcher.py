@@ -5,9 +5,11 @@ reservation over (see :mod:`ray_saturn.runtime.pg_manager`), builds
 
 - ``ScalingConfig`` from the hand-over: one worker per GPU, each pinned by
   ``label_selector`` to its planned node, ``STRICT_PACK`` on one node;
-- ``RunConfig(name=<task>, storage_path=<run folder>/tasks)``, so the Ray
-  dashboard's Train view shows one run per task and a relaunch with the
-  same name resumes it (Ray Train's own state lives in ``tasks/<task>/``);
+- ``RunConfig(name=<task>, storage_path=<run folder>/tasks,
+  storage_filesystem=<the run's pyarrow filesystem>)``, so the Ray
+  dashboard's Train view shows one run per task, Ray Train's own state lives
+  in ``tasks/<task>/`` on the run's storage (an object store URI works: no
+  node needs a shared disk);
   ``FailureConfig(max_failures=0)``: retries are the driver's decision (a
   failed segment is re-planned and relaunched from its last checkpoint);
 - ``TorchConfig(backend=...)`` from
@@ -17,10 +19,14 @@ reservation over (see :mod:`ray_saturn.runtime.pg_manager`), builds
 runs ``trainer.fit()`` in a thread of the driver process. Every worker runs
 :func:`ray_saturn.strategies.train_worker` with the task's strategy, the
 knobs the profiler chose, ``checkpoint_dir=<run folder>/tasks/<task>/checkpoints``
-and a :class:`~ray_saturn.runtime.launcher.Reporter` that sends progress to
+(a local path or a URI: every worker writes its DCP shard straight to the
+storage, see :mod:`ray_saturn.strategies.checkpoint`) and a
+:class:`~ray_saturn.runtime.launcher.Reporter` that sends progress to
 the run's board and raises :class:`~ray_saturn.runtime.launcher.StopRequested`
 when the driver moves the task (the segment ends; its next one resumes from
-the latest checkpoint, whatever strategy wrote it).
+the latest checkpoint, whatever strategy wrote it). The driver learns a
+segment's durable step from the storage (:meth:`TrainLauncher.checkpointed_step`:
+the newest *intact* checkpoint), never from a disk of its own.
 
 Example:
     >>> # inside the driver (Ray running, tasks and manager built):
@@ -50,7 +56,7 @@ from ray_saturn.runtime.launcher import (
     new_board,
 )
 from ray_saturn.runtime.pg_manager import PlacementGroupManager
-from ray_saturn.runtime.storage import RunStorage
+from ray_saturn.runtime.storage import CHECKPOINTS_DIR, TASKS_DIR, RunStorage, child_uri
 from ray_saturn.spec import Task
 
 __all__ = ["TrainLauncher", "checkpoint_dir_of", "train_loop"]
@@ -59,8 +65,8 @@ logger = logging.getLogger(__name__)
 
 
 def checkpoint_dir_of(task_dir: str) -> str:
-    """Where a task's strategy checkpoints live, inside its folder of the run."""
-    return task_dir.rstrip("/") + "/checkpoints"
+    """Where a task's strategy checkpoints live, inside its folder of the run (a path or a URI)."""
+    return child_uri(task_dir, CHECKPOINTS_DIR)
 
 
 def train_loop(config: dict[str, Any]) -> None:
@@ -167,7 +173,8 @@ class TrainLauncher(Launcher):
                 scaling_config=placement.scaling_config(),
                 run_config=RunConfig(
                     name=spec.task,
-                    storage_path=self.storage.uri_of("tasks"),
+                    storage_path=self.storage.join(TASKS_DIR),
+                    storage_filesystem=self.storage.fs,
                     failure_config=FailureConfig(max_failures=0),
                 ),
             )
@@ -208,6 +215,7 @@ class TrainLauncher(Launcher):
         return events + exits
 
     def checkpointed_step(self, checkpoint_dir: str) -> int:
+        """The step of the task's newest intact checkpoint, read from the run's storage (0 if none)."""
         from ray_saturn.strategies import latest_step
 
         return int(latest_step(checkpoint_dir_of(checkpoint_dir)) or 0)
