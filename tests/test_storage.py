@@ -33,6 +33,11 @@ def _roundtrip(store: RunStorage, *, mtimes: bool = True) -> None:
     assert store.create_exclusive("lock.json", b"one") is True
     assert store.create_exclusive("lock.json", b"two") is False
     assert store.read_bytes("lock.json") == b"one"
+    store.move("lock.json", "backup/lock.json")
+    assert store.read_bytes("backup/lock.json") == b"one" and not store.exists("lock.json")
+    store.move("backup/lock.json", "lock.json")
+    with pytest.raises(StorageError, match="does not exist"):
+        store.move("backup/lock.json", "x")
     store.delete("lock.json")
     assert not store.exists("lock.json")
     store.delete("lock.json", missing_ok=True)

@@ -26,8 +26,10 @@ What the operations promise:
   installed: ``PutObject`` with ``If-None-Match: *``). Elsewhere it is a
   check-then-write, and :attr:`RunStorage.exclusive_create_is_atomic` says so.
   A run-folder lock builds on it.
-- :meth:`RunStorage.read_bytes`, :meth:`RunStorage.stat`, :meth:`RunStorage.list`,
-  :meth:`RunStorage.delete`, :meth:`RunStorage.delete_dir`.
+- :meth:`RunStorage.read_bytes`, :meth:`RunStorage.stat` (size, mtime),
+  :meth:`RunStorage.list`, :meth:`RunStorage.move` (atomic on a local disk;
+  copy then delete on object stores), :meth:`RunStorage.delete`,
+  :meth:`RunStorage.delete_dir`.
 - Every failure of the filesystem (no such bucket, access denied, no
   endpoint) is a one-line :class:`StorageError` that names the location
   (with secrets in the URI redacted); :meth:`RunStorage.check` probes the
@@ -442,6 +444,24 @@ class RunStorage:
                 new = old + line.encode()
                 self.write_bytes(name, new)
                 self._appended[name] = new
+
+    def move(self, src: str, dst: str) -> None:
+        """Rename ``src`` to ``dst``, replacing it (atomic on a local disk; copy then delete on object stores)."""
+        self._appended.pop(src, None)
+        self._appended.pop(dst, None)
+        a, b = self.join(src), self.join(dst)
+
+        def go() -> None:
+            if self.local:
+                os.makedirs(os.path.dirname(b), exist_ok=True)
+                os.replace(a, b)
+            else:
+                self.fs.move(a, b)
+
+        try:
+            self._call("rename", go, src)
+        except FileNotFoundError:
+            raise StorageError(f"{self.display}/{src}: cannot rename, it does not exist") from None
 
     def delete(self, name: str, *, missing_ok: bool = False) -> None:
         """Delete the file ``name``."""
