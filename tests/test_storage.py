@@ -240,3 +240,11 @@ def test_sharded_checkpoint_on_s3_reshards_to_one_process(s3, tmp_path):  # noqa
         rest = single(uri, 8)
     ref = single(str(tmp_path / "ref"), 8)
     torch.testing.assert_close(torch.tensor(first + rest), torch.tensor(ref), rtol=1e-4, atol=1e-5)
+
+
+def test_error_hints_do_not_mistake_a_port_for_a_status():
+    from ray_saturn.runtime.storage import _reason
+
+    refused = _reason(OSError("AWS Error NETWORK_CONNECTION during HeadObject: Failed to connect to 127.0.0.1:40381"))
+    assert refused.startswith("cannot reach the storage endpoint")
+    assert _reason(OSError("AWS Error UNKNOWN (HTTP status 403) during PutObject")).startswith("access denied")

@@ -178,7 +178,7 @@ def _reason(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     hints = (
         (("ACCESS_DENIED", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "InvalidAccessKeyId",
-          "AccessDenied", "403", "UNAUTHORIZED", "Unauthorized"),
+          "AccessDenied", "HTTP status 403", "HTTP status 401"),
          "access denied: check the credentials every node has (e.g. AWS_ACCESS_KEY_ID and "
          "AWS_SECRET_ACCESS_KEY, or the node's role) and their rights on this bucket"),
         (("NETWORK_CONNECTION", "Could not connect", "Couldn't connect", "Failed to connect", "curlCode: 7",
