@@ -36,7 +36,7 @@ def _small_working_dir(dest: Path) -> Path:
 def head_node():
     with ray_head(num_cpus=2, num_gpus=4) as head:
         env = {k: v for k, v in head.env.items() if k != "RAY_ADDRESS"}  # `ray job` takes --address
-        yield head.dashboard_url, env
+        yield head.dashboard_url, env, head.gcs_address
 
 
 def submit_and_wait(address: str, env: dict, workdir: Path, entrypoint: list[str], timeout_s: float = 400):
@@ -74,7 +74,7 @@ def submit_and_wait(address: str, env: dict, workdir: Path, entrypoint: list[str
 
 
 def test_entry_point_runs_as_a_submitted_job_and_prints_the_plan(head_node, tmp_path):
-    address, env = head_node
+    address, env, _ = head_node
     workdir = _small_working_dir(tmp_path / "job")
     job_id, status, logs = submit_and_wait(address, env, workdir, ["python", "examples/job_submit.py", "--plan-only",
                                                            "--time-limit", "3"])
@@ -85,10 +85,33 @@ def test_entry_point_runs_as_a_submitted_job_and_prints_the_plan(head_node, tmp_
 
 
 def test_submit_without_the_token_is_refused(head_node, tmp_path):
-    address, env = head_node
+    address, env, _ = head_node
     env = {**env, "RAY_AUTH_TOKEN": "not-the-token"}
     submit = subprocess.run(
         [str(BIN / "ray"), "job", "list", f"--address={address}"], env=env, capture_output=True, text=True, timeout=120,
     )
     assert submit.returncode != 0
     assert "auth" in (submit.stdout + submit.stderr).lower()
+
+
+def test_cli_run_trains_a_workload_with_its_own_model(head_node, tmp_path):
+    # The workload file defines its own model class, data function and loss, and imports a helper beside it:
+    # none of it is importable on the workers (profiler trial actors, Ray Train workers).
+    from test_workload_file import write_workload
+
+    _, env, gcs = head_node
+    workload = write_workload(tmp_path / "wl")
+    run_dir = tmp_path / "run"
+    out = subprocess.run(
+        [str(BIN / "ray-saturn"), "run", str(workload), "--storage", str(run_dir), "--json",
+         "--checkpoint-interval", "1", "--solver-time-limit", "2"],
+        cwd=tmp_path, env={**env, "RAY_ADDRESS": gcs}, capture_output=True, text=True, timeout=500,
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["state"] == "finished"
+    (task,) = result["tasks"]
+    assert task["task"] == "own-8" and task["state"] == "finished" and task["steps_done"] == 12
+    from ray_saturn.strategies import latest_step
+
+    assert latest_step(str(run_dir / "tasks" / "own-8" / "checkpoints")) == 12

@@ -1,15 +1,13 @@
 """Workload files: their own model classes, data functions and losses reach the Ray workers.
 
-The unit tests check the errors and that a task defined in a workload file
+These tests check the errors and that a task defined in a workload file
 unpickles in a fresh interpreter that cannot import the file (what a Ray worker
-is). The Ray test runs `ray-saturn run WORKLOAD.py` through the CLI against a
-separate Ray head, profiling included: the tasks travel to profiler trial
-actors and to Ray Train workers.
+is). tests/test_job_submit.py runs `ray-saturn run WORKLOAD.py` through the CLI
+against a separate Ray head, profiling included (it shares that module's head).
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import textwrap
@@ -135,25 +133,3 @@ def test_digest_names_the_bytes(tmp_path):
     assert first.startswith("sha256:") and first == workload_digest(path)
     path.write_text(WORKLOAD + "\n# changed\n")
     assert workload_digest(path) != first
-
-
-@pytest.mark.ray
-def test_cli_run_trains_a_workload_with_its_own_model_on_a_separate_head(tmp_path):
-    from ray_head import ray_head
-
-    workload = write_workload(tmp_path / "wl")
-    run_dir = tmp_path / "run"
-    with ray_head(num_cpus=2, num_gpus=1) as head:
-        out = subprocess.run(
-            [str(BIN / "ray-saturn"), "run", str(workload), "--run-dir", str(run_dir), "--json",
-             "--checkpoint-interval", "1", "--solver-time-limit", "2"],
-            cwd=tmp_path, env=head.env, capture_output=True, text=True, timeout=500,
-        )
-    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["state"] == "finished"
-    (task,) = result["tasks"]
-    assert task["task"] == "own-8" and task["state"] == "finished" and task["steps_done"] == 12
-    from ray_saturn.strategies import latest_step
-
-    assert latest_step(str(run_dir / "tasks" / "own-8" / "checkpoints")) == 12
