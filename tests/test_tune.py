@@ -518,7 +518,7 @@ def _gpus_back(ray, total):
 
 
 @pytest.mark.ray
-def test_tuner_with_asha_runs_every_trial_within_the_cluster(local_ray, tmp_path, caplog):
+def test_tuner_with_asha_runs_every_trial_within_the_cluster(local_ray, tmp_path, caplog, capfd):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
@@ -557,7 +557,9 @@ def test_tuner_with_asha_runs_every_trial_within_the_cluster(local_ray, tmp_path
     assert 0 < len(groups) <= len([e for e in scheduler.gpu_events if e.gpus > 0])
     assert all(len(g["bundles"]) == 1 for g in groups)
     assert _gpus_back(ray, 4) == 4
-    assert "restricted" not in caplog.text and "leaked semaphore" not in caplog.text
+    out, err = capfd.readouterr()  # the driver's output, with what Ray forwards from the trials
+    for text in (caplog.text, out, err):
+        assert "restricted" not in text and "leaked semaphore" not in text
 
 
 class Slow(torch.nn.Module):
