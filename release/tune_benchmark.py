@@ -53,6 +53,8 @@ from ray_saturn import ProfileTable
 from ray_saturn.errors import SaturnError
 
 RUNS = ("saturn", "plain-1gpu", "plain-whole-node")
+#: ``saturn@<objective>`` runs saturn with another objective than ``--objective`` (extra keys in the JSON).
+OBJECTIVES = ("makespan", "completion", "online")
 CPUS_PER_TRIAL = 0.5
 
 
@@ -203,16 +205,30 @@ def _gpu_tracker():
     from ray.tune.experiment import Trial
 
     class GpuTracker(tune.Callback):
-        """Most GPUs held by RUNNING trials, sampled at every Tune step."""
+        """Most GPUs held by RUNNING trials, sampled at every Tune step; every result, for --details."""
 
         def __init__(self):
             self.max_gpus = 0.0
+            self.t0 = time.monotonic()
+            self.timeline: list[dict[str, Any]] = []
 
         def on_step_end(self, iteration, trials, **info):
             used = sum(
                 t.placement_group_factory.required_resources.get("GPU", 0) for t in trials if t.status == Trial.RUNNING
             )
             self.max_gpus = max(self.max_gpus, used)
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            self.timeline.append(
+                {
+                    "wall_s": round(time.monotonic() - self.t0, 2),
+                    "trial": trial.trial_id,
+                    "task": trial.config["task"],
+                    "gpus": result.get("saturn_gpus"),
+                    "report": result.get("report"),
+                    "loss": round(result.get("loss", 0.0), 4),
+                }
+            )
 
     return GpuTracker()
 
@@ -226,18 +242,14 @@ def run_search(kind: str, table: ProfileTable, args, rows, steps, storage: str) 
 
     asha = ASHAScheduler(time_attr="report", max_t=args.reports, grace_period=1, reduction_factor=args.reduction_factor)
     tasks = sorted(rows)
-    trainable = make_trainable(
-        rows,
-        steps,
-        args.time_scale,
-        args.reports,
-        None if kind == "saturn" else (1 if kind == "plain-1gpu" else args.gpus_per_node),
-    )
+    fixed = None if kind.startswith("saturn") else (1 if kind == "plain-1gpu" else args.gpus_per_node)
+    trainable = make_trainable(rows, steps, args.time_scale, args.reports, fixed)
     saturn = None
-    if kind == "saturn":
+    if kind.startswith("saturn"):
         saturn = SaturnScheduler(
             lambda config: estimate_rows(table, config["task"], args.gpus_per_node, args.time_scale),
             base_scheduler=asha,
+            objective=kind.partition("@")[2] or args.objective,
             restart_s=args.restart_s,
             cpus_per_trial=CPUS_PER_TRIAL,
             solver_time_limit_s=args.solver_time_limit,
@@ -294,6 +306,7 @@ def run_search(kind: str, table: ProfileTable, args, rows, steps, storage: str) 
         out["max_hook_ms"] = round(scheduler.max_ms, 1)
     if grid.errors:
         out["first_error"] = str(grid.errors[0]).strip().splitlines()[-1][:300]
+    out["_timeline"] = tracker.timeline
     return out
 
 
@@ -312,6 +325,8 @@ def main() -> int:
     )
     ap.add_argument("--solver-time-limit", type=float, default=0.5, help="saturn's background solve limit (s)")
     ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {', '.join(RUNS)}")
+    ap.add_argument("--objective", default="makespan", help=f"saturn's objective ({', '.join(OBJECTIVES)})")
+    ap.add_argument("--details", default=None, help="write every trial's timeline per run to this JSON file")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     for name in ("nodes", "gpus_per_node", "num_samples", "reports", "reduction_factor"):
@@ -322,8 +337,11 @@ def main() -> int:
     if not (args.time_scale > 0 and math.isfinite(args.time_scale)):
         _fail(f"--time-scale is {args.time_scale}; give a positive number")
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
-    if not runs or any(r not in RUNS for r in runs):
-        _fail(f"--runs {args.runs!r}: choose from {', '.join(RUNS)}")
+    known = set(RUNS) | {f"saturn@{o}" for o in OBJECTIVES}
+    if not runs or any(r not in known for r in runs):
+        _fail(f"--runs {args.runs!r}: choose from {', '.join(RUNS)} (or saturn@OBJECTIVE)")
+    if args.objective not in OBJECTIVES:
+        _fail(f"--objective {args.objective!r}: choose from {', '.join(OBJECTIVES)}")
     try:
         table = ProfileTable.read(args.profile)
     except SaturnError as exc:
@@ -340,7 +358,12 @@ def main() -> int:
         for kind in runs:
             results[kind] = run_search(kind, table, args, rows, steps, os.path.join(storage, kind))
             if not args.json:
-                print(f"{kind}: {json.dumps(results[kind])}", flush=True)
+                shown = {k: v for k, v in results[kind].items() if k != "_timeline"}
+                print(f"{kind}: {json.dumps(shown)}", flush=True)
+    if args.details:
+        Path(args.details).write_text(json.dumps(results, indent=1))
+    for r in results.values():
+        r.pop("_timeline", None)
     if args.json:
         print(json.dumps(results))
         return 0

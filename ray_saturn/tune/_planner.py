@@ -75,7 +75,8 @@ def quick_plan(
     profile, cluster, policy: Any, context: PlanningContext, *, extra: Incumbent | None = None, seed: int = 0
 ) -> Plan:
     """A plan in milliseconds: for ``saturn``, the best of the baselines' schedules and of the
-    replays of ``context.incumbent`` and ``extra``; any other policy is itself that fast.
+    replays of ``context.incumbent`` and ``extra`` (for a completion-time objective, with the
+    completion rules' first schedules, ranked by that objective); any other policy is itself that fast.
 
     The lower bound is the cheap one (length, area, exclusive task; no LP).
     """
@@ -110,7 +111,19 @@ def quick_plan(
         if hint is not None:
             choice, order, nodes_of = hint
             candidates += [replay_schedule(p, choice, order, nodes_of), list_schedule(p, choice, order)]
-    best = min(candidates, key=lambda s: s.makespan)
+    options = getattr(policy, "options", None)
+    objective = getattr(options, "objective", "makespan")
+    if objective == "makespan":
+        best = min(candidates, key=lambda s: s.makespan)
+    else:
+        from ray_saturn.solver.completion import completion_search
+        from ray_saturn.solver.objective import task_weights
+
+        weights = task_weights(profile, problem.tasks)
+        area_weight = float(getattr(options, "area_weight", 0.0))
+        best = completion_search(
+            problem, objective, weights, reference=candidates, area_weight=area_weight, time_limit_s=0.0
+        ).schedule
     plan = problem.to_plan(best, policy="saturn", lower_bound_s=bound.value, solve_time_s=time.perf_counter() - t0)
     validate_plan(plan, profile, cluster, context)
     return plan
@@ -333,6 +346,10 @@ class BackgroundPlanner:
                 self._backend = _ThreadBackend(self._solve, self.time_limit_s)
             self.stats.background = "ray actor" if use_ray else "thread"
         return self._backend
+
+    def start(self) -> None:
+        """Start the background now (it starts on the first flush otherwise)."""
+        self._get_backend()
 
     def flush(self) -> None:
         """Hand the last call since the previous flush to the background (replacing a queued one)."""

@@ -112,7 +112,14 @@ class Move:
 
 @dataclass
 class SchedulerStats:
-    """What the scheduler did and what its hooks cost (wall milliseconds)."""
+    """What the scheduler did and what its hooks cost (wall milliseconds).
+
+    ``max_hook_ms`` is the longest call of a hook of Tune's event loop
+    (``on_trial_add``/``_result``/``_complete``/``_error``/``_remove`` and
+    ``choose_trial_to_run``), ``hook_ms`` the longest per hook; ``setup_ms``
+    the one-off set-up in ``set_search_properties`` (before any trial: it
+    starts the background planner).
+    """
 
     trials: int
     rejected: int
@@ -123,6 +130,7 @@ class SchedulerStats:
     restart_s: float
     max_hook_ms: float
     hook_ms: dict[str, float]
+    setup_ms: float
     hook_calls: int
     planner: dict[str, float]
 
@@ -166,6 +174,10 @@ class SaturnScheduler(TrialScheduler):
         policy: the re-planning policy, as for ``ray_saturn.run``
             (``saturn-replan``, ``saturn-static``, ``saturn-periodic``, or a
             baseline such as ``fifo-min-gpus``).
+        objective: what plans optimise, as for ``ray_saturn.run``:
+            ``makespan`` (the search's end), ``completion`` (the trials' mean
+            completion time) or ``online`` (completion within a few percent
+            of the best makespan); see :mod:`ray_saturn.solver.objective`.
         restart_s: seconds a move costs until measured; from the first
             measurement on, the median measured restart (pause, actor start,
             checkpoint restore) is used.
@@ -192,6 +204,7 @@ class SaturnScheduler(TrialScheduler):
         base_scheduler: TrialScheduler | None = None,
         cluster: ClusterSpec | None = None,
         policy: str = "saturn-replan",
+        objective: str = "makespan",
         restart_s: float = 5.0,
         cpus_per_trial: float = 1.0,
         solver_time_limit_s: float = 0.5,
@@ -200,6 +213,7 @@ class SaturnScheduler(TrialScheduler):
     ) -> None:
         super().__init__()
         from ray_saturn.control import get_replan_policy
+        from ray_saturn.solver.objective import parse_objective
 
         if not callable(estimate):
             raise TuneIntegrationError("estimate must be a function config -> the rows of that config's task")
@@ -211,6 +225,7 @@ class SaturnScheduler(TrialScheduler):
             raise TuneIntegrationError(f"solver_time_limit_s is {solver_time_limit_s!r}; it must be > 0")
         try:
             self._replan_policy = get_replan_policy(policy)
+            self._objective = parse_objective(objective)
         except SaturnError as exc:
             raise TuneIntegrationError(str(exc)) from None
         self._estimate = estimate
@@ -235,6 +250,7 @@ class SaturnScheduler(TrialScheduler):
         self._latencies: list[float] = []
         self._stop_costs: list[float] = []
         self._hook_ms: dict[str, float] = {}
+        self._setup_ms = 0.0
         self._hook_calls = 0
         self._max_in_use = 0
         self.run_name = run_name or f"tune-{uuid.uuid4().hex[:8]}"
@@ -271,6 +287,7 @@ class SaturnScheduler(TrialScheduler):
             restart_s=self._ctl.restart_s if self._ctl else self._restart_s,
             max_hook_ms=max(self._hook_ms.values(), default=0.0),
             hook_ms=dict(self._hook_ms),
+            setup_ms=self._setup_ms,
             hook_calls=self._hook_calls,
             planner=self._planner.stats.to_dict(),
         )
@@ -285,7 +302,13 @@ class SaturnScheduler(TrialScheduler):
         return getattr(self._base, "_metric", None)
 
     def set_search_properties(self, metric: str | None, mode: str | None, **spec) -> bool:
-        return self._base.set_search_properties(metric, mode, **spec)
+        # Tune calls this once, with Ray up, before any trial: start the background planner here, not in a hook.
+        t0 = time.perf_counter()
+        try:
+            return self._base.set_search_properties(metric, mode, **spec)
+        finally:
+            self._planner.start()
+            self._setup_ms += 1000 * (time.perf_counter() - t0)
 
     def on_trial_add(self, tune_controller, trial: Trial) -> None:
         with self._hook("on_trial_add"):
@@ -474,6 +497,7 @@ class SaturnScheduler(TrialScheduler):
             min_reports=run.min_reports,
             max_failures=_NO_LIMIT,
             solve=self._planner,
+            objective=self._objective,
         )
 
     def _end_event(self, now: float, tid: str, finished: bool, reason: str, retry: bool):
