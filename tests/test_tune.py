@@ -355,6 +355,19 @@ def test_profile_table_rows_are_taken_as_they_are_with_knobs(fake_tune, no_backg
     assert t.config["_saturn"]["knobs"] == {"bucket_cap_mb": 8} and t.gpus == 2
 
 
+def test_a_trial_is_one_bundle_pinned_to_its_planned_node(fake_tune, no_background):
+    from ray_saturn.spec import NodeSpec
+
+    cluster = ClusterSpec((NodeSpec("node-a", 2, "a" * 56), NodeSpec("node-b", 2, "b" * 56)))
+    s = SaturnScheduler(scaling, cluster=cluster, cpus_per_trial=0.5, clock=Clock())
+    tune = fake_tune(s)
+    t = tune.add("x", {"steps": 10})
+    assert tune.step() == ["x"]
+    pgf, node = t.placement_group_factory, t.config["_saturn"]["node"]
+    assert pgf.bundles == [{"CPU": 0.5, "GPU": 2}] and pgf.strategy == "STRICT_PACK"
+    assert pgf._kwargs["bundle_label_selector"] == [{"ray.io/node-id": cluster.node(node).node_id}]
+
+
 def test_bad_arguments_are_one_line_errors():
     with pytest.raises(TuneIntegrationError, match="restart_s"):
         SaturnScheduler(estimate, restart_s=-1)
