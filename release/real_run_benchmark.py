@@ -26,9 +26,9 @@ checkpoint costs; ``profile.parquet``) and plans it under every policy
 (``run-<policy>.json``: realised and planned makespan, re-plans, moves, per
 task its segments). ``table`` prints the markdown table of realised
 makespans, realised / planned, and saturn's realised makespan over the
-better realised baseline, plus what the model predicts for the same
-workload on a GPU node (``--gpu-node``: the profile's rows on an 8-GPU node
-where data parallelism scales, see :func:`gpu_node_profile`).
+better realised baseline, plus what the model (simulator) predicts on a GPU
+node (``--gpu-node``: real jobs' step times from the Pollux traces, with the
+start-up measured here; see :func:`gpu_node_profile`).
 """
 
 from __future__ import annotations
@@ -143,29 +143,25 @@ def cmd_run(args) -> int:
     return 0 if result.state == "finished" and not result.failed_tasks else 1
 
 
-def gpu_node_profile(profile: ProfileTable, *, gpus: int = 8, efficiency: float = 0.9) -> ProfileTable:
-    """The model's GPU-node variant of ``profile``: each task's 1-GPU rows as measured (step time,
-    start-up, checkpoint costs), its data-parallel rows on 2, 4, ... ``gpus`` GPUs at ``efficiency``
-    per doubling (the scaling data parallelism has on GPUs with NVLink; Pollux's measured jobs scale
-    0.8-0.95 per doubling), start-up as measured on 2 workers. A model, not a measurement."""
-    from ray_saturn.profile_table import Config
+def gpu_node_profile(profile: ProfileTable, *, tasks: int = 12, gpus: int = 8) -> ProfileTable:
+    """The model's GPU-node workload: ``tasks`` real jobs from the Pollux traces (step times
+    measured on real 4-GPU nodes, ``release/pollux.py``) on one node of ``gpus`` GPUs, each
+    segment paying the start-up this benchmark measured (the profile's largest ``startup_s`` for
+    the GPU count, else its 2-GPU figure) and its checkpoint costs. A model, not a measurement."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import pollux
 
-    rows: list[Config] = []
-    for t in profile.tasks:
-        cfgs = profile.configs(t, feasible_only=True)
-        one = [c for c in cfgs if c.gpus == 1]
-        two = [c for c in cfgs if c.gpus == 2]
-        base = min(one or two, key=lambda c: c.step_time_s * c.gpus)
-        up2 = min(two, key=lambda c: c.step_time_s).startup_s if two else base.startup_s
-        if one:
-            rows.append(base)
-        g, st = 2, (base.step_time_s * base.gpus) / 2 / efficiency
-        while g <= gpus:
-            strat = min(two, key=lambda c: c.step_time_s).strategy if two else "ddp"
-            rows.append(Config(t, strat, g, 1, st, base.steps, True, None, None, up2,
-                               base.checkpoint_save_s, base.checkpoint_load_s))
-            g, st = 2 * g, st / 2 / efficiency
-    return ProfileTable.from_rows([c.to_row() for c in rows], source="gpu-node model")
+    rows, _ = pollux.build_rows(tasks, 1, gpus)
+    startup = {}
+    for c in profile:
+        if c.feasible:
+            startup[c.gpus] = max(startup.get(c.gpus, 0.0), c.startup_s)
+    save = max((c.checkpoint_save_s for c in profile), default=0.0)
+    load = max((c.checkpoint_load_s for c in profile), default=0.0)
+    fallback = startup.get(2, max(startup.values(), default=0.0))
+    for r in rows:
+        r.update(startup_s=startup.get(r["gpus"], fallback), checkpoint_save_s=save, checkpoint_load_s=load)
+    return ProfileTable.from_rows(rows, source=f"pollux-{tasks} on 1x{gpus} GPUs")
 
 
 def cmd_table(args) -> int:
@@ -198,8 +194,8 @@ def cmd_table(args) -> int:
                        SimConfig(noise=0.1, seed=0, solver_time_limit_s=5.0))
         m = {p: r.makespan_s for p, r in sims.items()}
         best = min(m["fifo-max-gpus"], m["fifo-whole-node"])
-        print(f"\nmodel, one {args.gpu_node}-GPU node (simulated, 10% noise): "
-              + ", ".join(f"{p} {v:.1f} s" for p, v in m.items())
+        print(f"\nmodel: {model.source} (Pollux traces, start-up as measured here; simulated, 10% noise): "
+              + ", ".join(f"{p} {v / 3600:.2f} h" for p, v in m.items())
               + f"; saturn-replan / better baseline {m['saturn-replan'] / best:.3f}")
     return 0
 
@@ -217,7 +213,7 @@ def main() -> int:
             p.add_argument("--checkpoint-interval", type=float, default=30.0, metavar="S")
         if name == "table":
             p.add_argument("--gpu-node", type=int, default=8, metavar="G",
-                           help="also the model's figure for one G-GPU node (0: none)")
+                           help="also the model's figure for one G-GPU node of Pollux jobs (0: none)")
     args = ap.parse_args()
     return {"profile": cmd_profile, "run": cmd_run, "table": cmd_table}[args.cmd](args)
 

@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 
+from ray_saturn import defaults
 from ray_saturn.cli.plan import add_cluster_args, cluster_from_args
 from ray_saturn.control import replan_policy_names
 from ray_saturn.errors import SpecError
@@ -74,9 +75,9 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--restart-cost",
         type=float,
-        default=30.0,
+        default=defaults.RESTART_S,
         metavar="S",
-        help="seconds a moved task spends restarting (30)",
+        help=f"seconds a moved task spends restarting, besides the profile's start-up ({defaults.RESTART_S:g})",
     )
     p.add_argument(
         "--failures",
