@@ -189,6 +189,7 @@ def _stored(spec: TrialSpec, outcome, spent: float, costs: SegmentCosts | None =
             None if costs is None else costs.setup_s,
             None if costs is None else costs.save_s,
             None if costs is None else costs.load_s,
+            None if costs is None else costs.data_s,
         )
     return StoredTrial(
         spec.signature,

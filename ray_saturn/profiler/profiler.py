@@ -16,7 +16,9 @@ configuration, steps x step time x GPUs).
 
 The table carries, besides contract 1's columns, ``reason`` (why a row is
 infeasible), ``knobs`` (JSON, for :func:`ray_saturn.strategies.train_worker`),
-``signature``, ``cached`` and ``cost_gpu_s``; and, unless
+``signature``, ``cached``, ``cost_gpu_s`` and ``data_s`` (the task's data
+factory's time per batch, measured in the trial and included in
+``step_time_s``: a run draws a batch every step); and, unless
 ``segment_costs=False``, what a segment costs besides its steps
 (:mod:`ray_saturn.profiler.segment`): ``startup_s`` (a TorchTrainer's start
 on that many GPUs, probed once per GPU count and hardware and kept in the
@@ -269,12 +271,14 @@ class Profiler:
             save = max((t.checkpoint_save_s for t in found if t.checkpoint_save_s is not None), default=0.0)
             load = max((t.checkpoint_load_s for t in found if t.checkpoint_load_s is not None), default=0.0)
             for t in found:
+                # A run's step also draws its batch: the data factory's time per batch counts.
+                step = None if not t.feasible or t.step_time_s is None else t.step_time_s + (t.data_s or 0.0)
                 row = {
                     "task": task.name,
                     "strategy": t.strategy,
                     "gpus": t.gpus,
                     "nodes": t.nodes,
-                    "step_time_s": t.step_time_s if t.feasible else None,
+                    "step_time_s": step,
                     "steps": task.total_steps,
                     "feasible": t.feasible,
                     "peak_mem_gb": t.peak_mem_gb,
@@ -283,10 +287,11 @@ class Profiler:
                     "signature": sig,
                     "cached": t.key in cached_keys,
                     "cost_gpu_s": t.cost_gpu_s,
+                    "data_s": t.data_s,
                 }
                 if startup is not None:
                     # The cold first step is one of the task's steps: only what comes before it is start-up.
-                    setup = max(0.0, (t.setup_s or 0.0) - (t.step_time_s or 0.0)) if t.feasible else 0.0
+                    setup = max(0.0, (t.setup_s or 0.0) - (step or 0.0)) if t.feasible else 0.0
                     row["startup_s"] = startup.get((t.gpus, t.nodes), 0.0) + setup
                     row["checkpoint_save_s"] = t.checkpoint_save_s if t.checkpoint_save_s is not None else save
                     row["checkpoint_load_s"] = t.checkpoint_load_s if t.checkpoint_load_s is not None else load

@@ -10,8 +10,11 @@ can include them (profile columns ``startup_s``, ``checkpoint_save_s``,
 - :func:`measure_segment_costs` runs in the workers of a profiling trial,
   after its knob search, with the chosen knobs: model build + strategy
   set-up + the first (cold) step (``setup_s``), one checkpoint save and one
-  load into a freshly built model (DCP, as the run does). Collective: every
-  worker of the trial calls it; each figure is the slowest worker's.
+  load into a freshly built model (DCP, as the run does), and the data
+  factory's time per batch (``data_s``: the run regenerates an epoch's
+  batches at every epoch boundary; the profile adds it to the step time).
+  Collective: every worker of the trial calls it; each figure is the
+  slowest worker's.
 - :func:`probe_trainer_startup` starts a TorchTrainer of ``gpus`` workers
   whose loop returns at once, as the launcher starts a segment, and
   measures ``fit()`` to the loop's first line (``start_s``: Ray Train's
@@ -46,7 +49,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SegmentCosts:
-    """Measured in a trial: set-up to the end of the first step, one checkpoint save, one load (s).
+    """Measured in a trial: set-up to the end of the first step, one checkpoint save, one load (s),
+    and ``data_s``, the task's data factory's time per batch (a run calls it at every epoch
+    boundary, on every worker; the strategy's step time does not include it).
 
     ``save_s``/``load_s`` are ``None`` where a trial cannot measure them (a
     multi-node trial has no folder its workers share).
@@ -55,6 +60,7 @@ class SegmentCosts:
     setup_s: float
     save_s: float | None
     load_s: float | None
+    data_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,9 @@ def measure_segment_costs(
 
     strat = get_strategy(strategy)
     knobs = strat.check_knobs(dict(knobs))
+    t_data = time.perf_counter()
+    batches = sum(1 for _ in task.data(task.hparams))
+    data_s = (time.perf_counter() - t_data) / max(1, batches)
     folder = _shared_dir(ctx, shared_folder)
     runner = again = None
     save_s = load_s = -1.0
@@ -141,8 +150,8 @@ def measure_segment_costs(
         if folder is not None and ctx.rank == 0:
             with contextlib.suppress(OSError):
                 shutil.rmtree(folder)
-    setup_s, save_s, load_s = _max_over_workers([setup_s, save_s, load_s], ctx)
-    return SegmentCosts(setup_s, None if save_s < 0 else save_s, None if load_s < 0 else load_s)
+    setup_s, save_s, load_s, data_s = _max_over_workers([setup_s, save_s, load_s, data_s], ctx)
+    return SegmentCosts(setup_s, None if save_s < 0 else save_s, None if load_s < 0 else load_s, data_s)
 
 
 def _probe_loop(config: dict[str, Any]) -> None:

@@ -47,6 +47,7 @@ class StoredTrial:
     setup_s: float | None = None
     checkpoint_save_s: float | None = None
     checkpoint_load_s: float | None = None
+    data_s: float | None = None
 
     @property
     def key(self) -> tuple[str, str, int, int]:
@@ -68,10 +69,11 @@ _SCHEMA = pa.schema(
         ("setup_s", pa.float64()),
         ("checkpoint_save_s", pa.float64()),
         ("checkpoint_load_s", pa.float64()),
+        ("data_s", pa.float64()),
     ]
 )
 #: Columns a store written before they existed may lack (read as unknown).
-_OPTIONAL = ("setup_s", "checkpoint_save_s", "checkpoint_load_s")
+_OPTIONAL = ("setup_s", "checkpoint_save_s", "checkpoint_load_s", "data_s")
 
 
 class ProfileStore:

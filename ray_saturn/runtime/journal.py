@@ -57,7 +57,7 @@ EVENTS_FILE = "events.jsonl"
 PLAN_FILE = "plan.json"
 GANTT_FILE = "gantt.png"
 #: The demo's profile store (a cache keyed by performance signature), under the user's cache folder.
-DEMO_PROFILE_STORE = "demo-profile.parquet"
+DEMO_PROFILE_STORE = "demo-profile-v2.parquet"
 
 
 class Journal:

@@ -249,10 +249,12 @@ class Reporter:
 
     Called once per step with ``{"step", "loss", ...}``; sends the first call
     and then at most one message every ``interval_s``. The step time it sends
-    is the wall-clock rate between two sends (steps done / seconds), so it
+    is the segment's wall-clock rate since its warm-up (seconds / steps), so it
     counts everything a step costs in the run (data, checkpoints, reports),
-    not only the optimizer step; the first ``warmup_steps`` steps of a
-    segment (allocation, first communication) are not timed. When the board
+    not only the optimizer step, and a periodic cost (a checkpoint every so
+    many steps) is averaged in rather than seen as a swing; the first
+    ``warmup_steps`` steps of a segment (allocation, first communication) are
+    not timed. When the board
     says the segment must stop, raises :class:`StopRequested`: at once, or,
     with ``checkpoint_every``, at the first step after a checkpoint (the
     strategies checkpoint step ``s`` right after reporting it, so stopping at
@@ -301,7 +303,6 @@ class Reporter:
         step_time = None
         if self._mark is not None and step > self._mark[1] and self._calls > self.warmup_steps:
             step_time = (now - self._mark[0]) / (step - self._mark[1])
-            self._mark = (now, step)
         loss = metrics.get("loss")
         stop = ray.get(
             self.board.push.remote(
