@@ -79,7 +79,7 @@ DEMO_MEMORY_GB = 0.04
 #: The baselines planned on the same profile (contract 2's strongest first).
 BASELINES = ("fifo-max-gpus", "fifo-whole-node", "fifo-min-gpus", "optimus-greedy")
 #: Steps of each demo task at scale 1 (chosen so training takes longer than start-up on 2 cores).
-_STEPS = {"gpt": (90, 120), "cnn": (2500, 3500)}
+_STEPS = {"gpt": (90, 120), "cnn": (1500, 2000)}
 
 
 class DemoError(SaturnError, RuntimeError):
