@@ -103,3 +103,16 @@ def test_a_config_policy_is_never_overwritten_by_a_default(tmp_path):
         ray_saturn.run([mlp_task("a", lr=0.1)], storage=tmp_path / "run", policy="saturn-replan", config=cfg)
     with pytest.raises(SaturnError, match="give it once"):
         ray_saturn.emulate(_profile(), 1, 1, time_scale=0.01, config=emulation_config(0.01), policy="saturn-static")
+
+
+def test_local_mode_never_runs_more_training_processes_than_cores():
+    from ray_saturn.runtime.local import local_gpus
+
+    lg = local_gpus(4, cores=2, cuda_devices=0)
+    assert (lg.gpus, lg.threads_per_worker, lg.cuda) == (2, 1, False)
+    assert "2 logical GPUs" in lg.describe() and "asked for 4" in lg.describe() and "2 cores" in lg.describe()
+    assert local_gpus(None, cores=16, cuda_devices=0).gpus == 4  # default: up to 4
+    assert local_gpus(2, cores=16, cuda_devices=0).threads_per_worker == 8
+    assert local_gpus(None, cores=8, cuda_devices=2).describe() == "Using 2 CUDA GPU(s)."
+    with pytest.raises(SaturnError, match="at least 1"):
+        local_gpus(0)

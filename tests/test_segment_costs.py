@@ -22,7 +22,7 @@ from ray_saturn.toy import mlp_task
 
 def test_a_single_worker_measures_setup_save_and_load():
     costs = measure_segment_costs(mlp_task("m"), "single", {}, WorkerContext(0, 1, torch.device("cpu")))
-    assert costs.setup_s > 0 and costs.save_s > 0 and costs.load_s > 0
+    assert costs.setup_s > 0 and costs.save_s > 0 and costs.load_s > 0 and costs.data_s > 0
     none = measure_segment_costs(mlp_task("m"), "single", {}, WorkerContext(0, 1, torch.device("cpu")),
                                  shared_folder=False)
     assert none.setup_s > 0 and none.save_s is None and none.load_s is None
