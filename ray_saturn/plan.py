@@ -322,8 +322,12 @@ def validate_plan(
         raise PlanError(f"the plan's makespan {plan.makespan_s} is not its last end time {latest_end}")
     if plan.mean_completion_s is not None:
         _check_completion(plan, profile, ctx, tol)
-    if plan.lower_bound_s > plan.makespan_s * (1 + tol) + tol:
-        raise PlanError(f"the plan's lower bound {plan.lower_bound_s} is above its makespan {plan.makespan_s}")
+    if not plan.lower_bound_s <= plan.makespan_s * (1 + tol) + tol:
+        # Never clipped: a lower bound above a valid plan's makespan is wrong, whoever claimed it.
+        raise PlanError(
+            f"policy {plan.policy} reports a lower bound of {plan.lower_bound_s:.6g} s above its own makespan of "
+            f"{plan.makespan_s:.6g} s: the bound is wrong (a bug in the policy or the bounds), not a plan to trust"
+        )
 
 
 def _check_completion(plan: Plan, profile: ProfileTable, ctx: PlanningContext, tol: float) -> None:

@@ -48,6 +48,7 @@ from typing import Any
 import pyarrow as pa
 
 from ray_saturn.errors import ProfileError, SpecError
+from ray_saturn.limits import MAX_GPUS, MAX_NODES, MAX_RUNTIME_S, MAX_STEPS, number, whole
 from ray_saturn.spec import check_name
 
 __all__ = ["COLUMNS", "COST_COLUMNS", "Config", "ProfileTable"]
@@ -302,32 +303,21 @@ def _cell_str(value: Any) -> str:
     return "" if value is None else str(value).strip()
 
 
-def _parse_int(value: Any, col: str, where: str, default: int | None = None) -> int:
+def _parse_int(value: Any, col: str, where: str, default: int | None = None, high: int | None = None) -> int:
     if value is None or (isinstance(value, str) and not value.strip()):
         if default is not None:
             return default
         raise ProfileError(f"{where}: {col} is empty; give a whole number >= 1")
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        raise ProfileError(f"{where}: {col} is {value!r}; give a whole number >= 1") from None
-    if not math.isfinite(f) or f != int(f):
-        raise ProfileError(f"{where}: {col} is {value!r}; give a whole number >= 1")
-    if f < 1:
-        raise ProfileError(f"{where}: {col} is {value!r}; it must be at least 1")
-    return int(f)
+    return whole(value, f"{where}: {col}", high=high, error=ProfileError)
 
 
 def _parse_float(value: Any, col: str, where: str) -> float | None:
+    """A number, or None for an empty cell; NaN and infinities are errors, not missing values."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        raise ProfileError(f"{where}: {col} is {value!r}; give a number") from None
-    if math.isnan(f):
-        return None
-    return f
+    if isinstance(value, float) and math.isnan(value):
+        return None  # how Arrow and pandas hand over an empty numeric cell
+    return number(value, f"{where}: {col}", error=ProfileError)
 
 
 def _parse_bool(value: Any, where: str) -> bool:
@@ -371,18 +361,23 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
         strategy = _cell_str(data["strategy"][i])
         if not strategy:
             raise ProfileError(f"{where}: strategy is empty; name a registered strategy such as ddp")
-        gpus = _parse_int(data["gpus"][i], "gpus", where)
-        nodes = _parse_int(data["nodes"][i] if "nodes" in data else None, "nodes", where, default=1)
+        gpus = _parse_int(data["gpus"][i], "gpus", where, high=MAX_GPUS)
+        nodes = _parse_int(data["nodes"][i] if "nodes" in data else None, "nodes", where, default=1, high=MAX_NODES)
         if gpus % nodes:
             raise ProfileError(
                 f"{where}: {gpus} GPUs over {nodes} nodes do not split evenly; "
                 "make gpus a multiple of nodes"
             )
-        steps = _parse_int(data["steps"][i], "steps", where)
+        steps = _parse_int(data["steps"][i], "steps", where, high=MAX_STEPS)
         feasible = _parse_bool(data["feasible"][i] if "feasible" in data else None, where)
         step_time = _parse_float(data["step_time_s"][i], "step_time_s", where)
-        if step_time is not None and (step_time <= 0 or not math.isfinite(step_time)):
+        if step_time is not None and not step_time > 0:
             raise ProfileError(f"{where}: step_time_s is {step_time!r}; it must be a finite number > 0")
+        if feasible and step_time is not None and steps * step_time > MAX_RUNTIME_S:
+            raise ProfileError(
+                f"{where}: steps x step_time_s = {steps} x {step_time:g} s = {steps * step_time:.3g} s, beyond "
+                f"{MAX_RUNTIME_S:g} s (about 31,700 years); check the units (step_time_s is seconds per step)"
+            )
         if feasible and step_time is None:
             raise ProfileError(
                 f"{where}: step_time_s is empty but the row is feasible; "

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_saturn.errors import SpecError
+from ray_saturn.limits import MAX_GPUS_PER_NODE, MAX_NODES, MAX_STEPS, whole
 
 __all__ = ["ClusterSpec", "NodeSpec", "Task", "check_name"]
 
@@ -51,12 +52,8 @@ def check_name(name: object, what: str = "task name") -> str:
     return name
 
 
-def _positive_int(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise SpecError(f"{what} is {value!r}; it must be a whole number")
-    if int(value) < 1:
-        raise SpecError(f"{what} is {value!r}; it must be at least 1")
-    return int(value)
+def _positive_int(value: object, what: str, high: int | None = None) -> int:
+    return whole(value, what, high=high)
 
 
 @dataclass(frozen=True)
@@ -72,7 +69,7 @@ class NodeSpec:
 
     def __post_init__(self) -> None:
         check_name(self.name, "node name")
-        object.__setattr__(self, "gpus", _positive_int(self.gpus, f"node {self.name!r} gpus"))
+        object.__setattr__(self, "gpus", _positive_int(self.gpus, f"node {self.name!r} gpus", MAX_GPUS_PER_NODE))
 
 
 @dataclass(frozen=True)
@@ -91,6 +88,8 @@ class ClusterSpec:
         object.__setattr__(self, "nodes", nodes)
         if not nodes:
             raise SpecError("the cluster has no nodes; give at least one node with GPUs")
+        if len(nodes) > MAX_NODES:
+            raise SpecError(f"the cluster has {len(nodes)} nodes; give at most {MAX_NODES}")
         seen: set[str] = set()
         for node in nodes:
             if not isinstance(node, NodeSpec):
@@ -102,8 +101,8 @@ class ClusterSpec:
     @classmethod
     def uniform(cls, num_nodes: int, gpus_per_node: int, prefix: str = "node-") -> ClusterSpec:
         """``num_nodes`` identical nodes named ``node-0``, ``node-1``, ..."""
-        n = _positive_int(num_nodes, "number of nodes")
-        g = _positive_int(gpus_per_node, "GPUs per node")
+        n = _positive_int(num_nodes, "number of nodes", MAX_NODES)
+        g = _positive_int(gpus_per_node, "GPUs per node", MAX_GPUS_PER_NODE)
         return cls(tuple(NodeSpec(f"{prefix}{i}", g) for i in range(n)))
 
     @classmethod
@@ -229,7 +228,7 @@ class Task:
         if (self.epochs is None) == (self.max_steps is None):
             raise SpecError(f"task {self.name!r}: give exactly one of epochs= or max_steps=")
         if self.max_steps is not None:
-            self.max_steps = _positive_int(self.max_steps, f"task {self.name!r} max_steps")
+            self.max_steps = _positive_int(self.max_steps, f"task {self.name!r} max_steps", MAX_STEPS)
         else:
             self.epochs = _positive_int(self.epochs, f"task {self.name!r} epochs")
             if self.steps_per_epoch is None:

@@ -94,16 +94,41 @@ def test_example_profile_plans(capsys):
         (["plan", "PROFILE", "--nodes", "1"], "give --nodes N and --gpus-per-node G"),
         (["plan", "PROFILE", "--nodes", "1", "--gpus-per-node", "1"], "task 'c' fits nowhere on this cluster"),
         (["plan", "PROFILE", "--nodes", "2", "--gpus-per-node", "2", "--policy", "magic"], "unknown policy 'magic'"),
-        (["plan", "PROFILE", "--nodes", "0", "--gpus-per-node", "2"], "number of nodes is 0"),
-        (["plan", "PROFILE", "--nodes", "2", "--gpus-per-node", "2", "--time-limit", "0"], "--time-limit is 0.0"),
+        (["plan", "PROFILE", "--nodes", "0", "--gpus-per-node", "2"], "--nodes: '0' is not a whole number from 1"),
+        (["plan", "PROFILE", "--nodes", "2", "--gpus-per-node", "2", "--time-limit", "0"],
+         "--time-limit: '0' is not a finite number > 0"),
+        (["plan", "PROFILE", "--nodes", "2", "--gpus-per-node", "2", "--time-limit", "nan"],
+         "--time-limit: 'nan' is not a finite number > 0"),
+        (["plan", "PROFILE", "--nodes", "2", "--gpus-per-node", "2", "--time-limit", "inf"], "'inf' is not a finite"),
+        (["plan", "PROFILE", "--nodes", "2", "--gpus-per-node", "2", "--seed", "-1"], "--seed: '-1' is not a whole"),
+        (["plan", "PROFILE", "--nodes", "100000000", "--gpus-per-node", "2"], "from 1 to 100000"),
+        (["plan", "PROFILE", "--nodes", "2", "--gpus-per-node", "2", "-o", "NOFOLDER/p.json"], "does not exist"),
+        (["plan", "PROFILE", "--nodes", "2", "--gpus-per-node", "2", "-o", "TMP"], "is a folder"),
+        (["plan", "PROFILE", "--nodes", "2", "--gpus-per-node", "2", "--bogus"], "unrecognized arguments: --bogus"),
         (["plan", "BAD", "--nodes", "2", "--gpus-per-node", "2"], "row 1: step_time_s is -1.0"),
+        (["plan", "HUGESTEPS", "--nodes", "2", "--gpus-per-node", "2"], "row 1: steps is 1e+23; give a whole"),
+        (["plan", "HUGETIME", "--nodes", "2", "--gpus-per-node", "2"], "beyond 1e+12 s"),
+        (["plan", "NANTIME", "--nodes", "2", "--gpus-per-node", "2"], "row 1: step_time_s is inf"),
+        (["plan", "PROFILE", "--cluster", "INFCLUSTER"], "node 'a' gpus is inf; give a whole number from 1 to 1024"),
+        (["plan", "PROFILE", "--cluster", "NANCLUSTER"], "node 'a' gpus is nan; give a whole number"),
         (["plan", "--nodes", "2", "--gpus-per-node", "2"], "give a PROFILE file or --example"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, profile_csv, args, message):
-    bad = tmp_path / "bad.csv"
-    bad.write_text("task,strategy,gpus,step_time_s,steps\na,ddp,1,-1,3\n")
-    args = [profile_csv if a == "PROFILE" else str(bad) if a == "BAD" else a for a in args]
+    files = {
+        "BAD": "task,strategy,gpus,step_time_s,steps\na,ddp,1,-1,3\n",
+        "HUGESTEPS": "task,strategy,gpus,step_time_s,steps\na,ddp,1,1.0,99999999999999999999999\n",
+        "HUGETIME": "task,strategy,gpus,step_time_s,steps\na,ddp,1,1e308,10\n",
+        "NANTIME": "task,strategy,gpus,step_time_s,steps\na,ddp,1,inf,10\n",
+        "INFCLUSTER": '{"nodes": [{"name": "a", "gpus": Infinity}]}',
+        "NANCLUSTER": '{"nodes": [{"name": "a", "gpus": NaN}]}',
+    }
+    paths = {"PROFILE": profile_csv, "TMP": str(tmp_path), "NOFOLDER/p.json": str(tmp_path / "nofolder" / "p.json")}
+    for key, text in files.items():
+        path = tmp_path / (key.lower() + (".json" if "CLUSTER" in key else ".csv"))
+        path.write_text(text)
+        paths[key] = str(path)
+    args = [paths.get(a, a) for a in args]
     code, _out, err = run_cli(capsys, *args)
     assert code == 2
     assert message in err

@@ -15,6 +15,7 @@ def test_not_initialised_is_a_clear_error():
         ClusterSpec.from_ray()
 
 
+@pytest.mark.ray
 def test_two_node_cluster_with_logical_gpus():
     from ray.cluster_utils import Cluster
 

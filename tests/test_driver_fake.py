@@ -92,7 +92,9 @@ def test_off_estimate_replans_and_moves_with_reasons(tmp_path):
     assert any("t0 runs at" in r for e in replans for r in e["reasons"]), replans
     assert all(e["reasons"] for e in replans)
     moves = [e for e in events if e["kind"] == "move"]
-    assert len(moves) == result.moves
+    # The slow task is moved onto more GPUs once the others free them (gain >> the 1 s restart).
+    assert result.moves >= 1 and len(moves) == result.moves
+    assert any(m["task"] == "t0" and m["to"]["gpus"] == 2 for m in moves), moves
     for m in moves:
         assert "restart cost" in m["reason"]
     assert all(r.steps_done == 200 for r in result.tasks.values())

@@ -61,19 +61,41 @@ def test_emulate_json_contract_and_status(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["emulate", "{p}", "--nodes", "0", "--gpus-per-node", "2", "--time-scale", "1"], "at least 1"),
+        (["emulate", "{p}", "--nodes", "0", "--gpus-per-node", "2", "--time-scale", "1"], "'0' is not a whole"),
         (["emulate", "{p}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "0"], "factor > 0"),
+        (["emulate", "{p}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "inf"],
+         "argument --time-scale: 'inf' is not a finite factor"),
+        (["emulate", "{p}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "1", "--noise", "nan"],
+         "argument --noise: 'nan' is not a finite number"),
+        (["emulate", "{p}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "1", "--policy", "nosuch"],
+         "unknown policy 'nosuch'"),
+        (["emulate", "{p}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "1", "--solver-time-limit",
+          "nan"], "argument --solver-time-limit: 'nan'"),
+        (["emulate", "{wide}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "1"], "fits nowhere"),
+        (["emulate", "{big}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "1"], "steps is"),
+        (["emulate", "{p}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "1", "--run-dir", "{p}"],
+         "is a file; give a folder"),
         (["emulate", "{missing}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "1"], "no such profile file"),
         (["status", "{missing}"], "no such run folder"),
         (["resume", "{missing}"], "no such run folder"),
         (["run", "{missing}", "--run-dir", "{missing}"], "no such workload file"),
     ],
 )
-def test_bad_input_is_one_line(tmp_path, capsys, args, message):
+def test_bad_input_is_one_line(tmp_path, capsys, monkeypatch, args, message):
+    import ray_saturn.cli.emulate as cli_emulate
+
+    def no_cluster(*a, **k):
+        raise AssertionError("bad input must be refused before the emulated cluster starts")
+
+    monkeypatch.setattr(cli_emulate, "emulate", no_cluster)
     prof = tmp_path / "p.csv"
     prof.write_text(ROWS)
+    big = tmp_path / "big.csv"
+    big.write_text("task,strategy,gpus,step_time_s,steps\na,ddp,1,1.0,99999999999999999999999\n")
+    wide = tmp_path / "wide.csv"
+    wide.write_text("task,strategy,gpus,step_time_s,steps\na,ddp,4,1.0,10\n")
     missing = str(tmp_path / "nope")
-    argv = [a.format(p=prof, missing=missing) for a in args]
+    argv = [a.format(p=prof, missing=missing, big=big, wide=wide) for a in args]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err

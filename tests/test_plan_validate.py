@@ -54,7 +54,7 @@ def mutate(plan, i, **kw):
         (lambda p: dataclasses.replace(p, assignments=p.assignments[:2]), "no assignment for task(s) c"),
         (lambda p: dataclasses.replace(p, assignments=[*p.assignments, p.assignments[0]]), "appears twice"),
         (lambda p: dataclasses.replace(p, makespan_s=80.0), "makespan 80.0 is not its last end time 90.0"),
-        (lambda p: dataclasses.replace(p, lower_bound_s=95.0), "lower bound 95.0 is above its makespan"),
+        (lambda p: dataclasses.replace(p, lower_bound_s=95.0), "lower bound of 95 s above its own makespan of 90 s"),
         (lambda p: dataclasses.replace(p, status="great"), "status 'great' must be one of"),
         (lambda p: mutate(p, 0, start_s=-5.0, end_s=55.0), "before time 0"),
     ],
@@ -110,7 +110,17 @@ def test_malformed_plan_json():
         Plan.from_json('{"policy":"x","makespan_s":1,"lower_bound_s":0,"status":"feasible","assignments":[{}]}')
 
 
-def test_solver_plans_pass_the_validator(small_profile):
-    for cluster in (CLUSTER, ClusterSpec.from_dict({"nodes": [{"name": "x", "gpus": 4}, {"name": "y", "gpus": 2}]})):
-        plan = solve(small_profile, cluster, time_limit_s=2)
-        validate_plan(plan, small_profile, cluster)
+def test_solve_refuses_a_policy_whose_plan_breaks_the_rules(small_profile):
+    """solve() checks every plan with the validator: a policy that overfills a node is refused."""
+    from ray_saturn.solver import Policy, PolicyResult
+
+    class EverythingAtOnce(Policy):
+        name = "everything-at-once"
+
+        def solve(self, problem, bound, *, time_limit_s, seed, on_schedule=None):
+            fastest = problem.choose(lambda t, o: o.duration_s)
+            nodes = [tuple(range(problem.options[t][c].k)) for t, c in enumerate(fastest)]
+            return PolicyResult(problem.schedule(fastest, [0.0] * problem.num_tasks, nodes))
+
+    with pytest.raises(PlanError, match=r"node 'node-0' holds \d+ GPUs at 0.000 s but has 2"):
+        solve(small_profile, CLUSTER, EverythingAtOnce())

@@ -1,7 +1,6 @@
 """Tasks trained for real: ``ray_saturn.run`` with TorchTrainer segments on logical GPUs.
 
-Needs the strategies (``ray_saturn.strategies.train_worker``); skipped where
-they are not installed. One trainer start costs 10-20 s here, so this is one
+One trainer start costs 10-20 s here, so this is one
 short run: a task that trains to its step count, and a task whose every
 configuration fails (its model cannot be built), which is marked failed with
 the reason while the other finishes.
@@ -12,16 +11,13 @@ from __future__ import annotations
 import sys
 
 import pytest
+import ray
+import torch
 
-ray = pytest.importorskip("ray")
-torch = pytest.importorskip("torch")
-strategies = pytest.importorskip("ray_saturn.strategies")
-pytest.importorskip("ray_saturn.strategies.worker")
-
-import ray_saturn  # noqa: E402
-from ray_saturn import ProfileTable, Task  # noqa: E402
-from ray_saturn.runtime.api import emulated_cluster  # noqa: E402
-from ray_saturn.runtime.driver import DriverConfig  # noqa: E402
+import ray_saturn
+from ray_saturn import ProfileTable, Task, strategies
+from ray_saturn.runtime.api import emulated_cluster
+from ray_saturn.runtime.driver import DriverConfig
 
 pytestmark = pytest.mark.ray
 

@@ -63,8 +63,14 @@ def test_cluster_specs(tmp_path):
         ClusterSpec((NodeSpec("a", 1), NodeSpec("a", 2)))
     with pytest.raises(SpecError, match="no nodes"):
         ClusterSpec(())
-    with pytest.raises(SpecError, match="GPUs per node is 0; it must be at least 1"):
+    with pytest.raises(SpecError, match="GPUs per node is 0; give a whole number from 1 to 1024"):
         ClusterSpec.uniform(2, 0)
+    with pytest.raises(SpecError, match="number of nodes is 100000000; give a whole number from 1 to 100000"):
+        ClusterSpec.uniform(10**8, 1)  # refused before a node is built
+    for bad in ("Infinity", "NaN", "1e30", "2.5", "true", '"four"'):
+        f.write_text('{"nodes": [{"name": "a", "gpus": ' + bad + "}]}")
+        with pytest.raises(SpecError, match=r"node 'a' gpus is .*; give a whole number from 1 to 1024"):
+            ClusterSpec.from_json(f)
     f.write_text("{not json")
     with pytest.raises(SpecError, match="not a readable JSON cluster file"):
         ClusterSpec.from_json(f)

@@ -13,6 +13,7 @@ import importlib
 import logging
 import sys
 
+from ray_saturn.cli.args import OneLineParser
 from ray_saturn.errors import SaturnError
 
 #: Subcommand modules, in help order.
@@ -20,7 +21,7 @@ SUBCOMMANDS = ("demo", "plan", "profile", "simulate", "run", "emulate", "resume"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="ray-saturn",
         description="Train many PyTorch models at once on Ray: pick each task's parallelism, "
         "GPU count and start time jointly.",
@@ -35,7 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a bad flag (2, one line already on stderr)
+        return exc.code if isinstance(exc.code, int) else 2
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

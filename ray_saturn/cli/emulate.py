@@ -13,9 +13,31 @@ import argparse
 import json
 
 from ray_saturn import defaults
+from ray_saturn.cli.args import count, fraction, seconds, seed
 from ray_saturn.cli.run import add_storage_option
-from ray_saturn.errors import SpecError
+from ray_saturn.limits import MAX_GPUS_PER_NODE, MAX_NOISE
+from ray_saturn.profile_table import ProfileTable
 from ray_saturn.runtime.emulation import emulate
+from ray_saturn.spec import ClusterSpec
+
+#: An emulated node is a raylet on this machine: more than this many is more than a laptop holds.
+MAX_EMULATED_NODES = 32
+#: Wall seconds per profile second: beyond this a run of minutes of profile time takes days.
+MAX_TIME_SCALE = 1000.0
+
+
+def time_scale(text: str) -> float:
+    """--time-scale: a finite factor > 0 (wall seconds per profile second), at most MAX_TIME_SCALE."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (0 < value <= MAX_TIME_SCALE):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a finite factor > 0 and <= {MAX_TIME_SCALE:g} (wall seconds per profile second, "
+            "e.g. 0.001)"
+        )
+    return value
 
 
 def add_parser(sub) -> None:
@@ -23,23 +45,25 @@ def add_parser(sub) -> None:
         "emulate", help="run the runtime on emulated tasks on a local cluster", description=__doc__
     )
     p.add_argument("profile", help="profile table (.csv or .parquet)")
-    p.add_argument("--nodes", type=int, required=True, help="emulated nodes")
-    p.add_argument("--gpus-per-node", type=int, required=True, help="logical GPUs per node")
+    p.add_argument("--nodes", type=count("--nodes", high=MAX_EMULATED_NODES), required=True,
+                   help=f"emulated nodes (one raylet each on this machine; at most {MAX_EMULATED_NODES})")
+    p.add_argument("--gpus-per-node", type=count("--gpus-per-node", high=MAX_GPUS_PER_NODE), required=True,
+                   help="logical GPUs per node")
     p.add_argument(
         "--time-scale",
-        type=float,
+        type=time_scale,
         required=True,
         metavar="X",
         help="wall seconds per profile second (e.g. 0.001: 1000 s of profile in 1 s)",
     )
     p.add_argument(
         "--noise",
-        type=float,
+        type=fraction("--noise", high=MAX_NOISE),
         default=0.0,
         metavar="F",
         help="relative noise on true step times (0.3: 30%%), seeded",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed(), default=0)
     p.add_argument(
         "--policy",
         default=defaults.POLICY,
@@ -48,7 +72,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--solver-time-limit",
-        type=float,
+        type=seconds("--solver-time-limit"),
         default=defaults.EMULATE_SOLVER_TIME_LIMIT_S,
         metavar="S",
         help=f"wall seconds per solver call ({defaults.EMULATE_SOLVER_TIME_LIMIT_S:g})",
@@ -59,20 +83,20 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.nodes < 1 or args.gpus_per_node < 1:
-        raise SpecError("--nodes and --gpus-per-node must be at least 1")
-    if args.noise < 0:
-        raise SpecError(f"--noise is {args.noise}; give a number >= 0")
+    # Everything is checked before the local cluster starts: flags (by their types), the policy,
+    # the profile and that every task fits the emulated cluster.
     from ray_saturn.runtime.config import check_policy, emulation_config
+    from ray_saturn.solver import build_problem
 
-    if not args.time_scale > 0:
-        raise SpecError(f"--time-scale is {args.time_scale}; give a factor > 0")
     check_policy(args.policy)
     cfg = emulation_config(
         args.time_scale, policy=args.policy, seed=args.seed, solver_time_limit_s=args.solver_time_limit
     )
+    profile = ProfileTable.read(args.profile)
+    profile.check_feasible()
+    build_problem(profile, ClusterSpec.uniform(args.nodes, args.gpus_per_node))
     out = emulate(
-        args.profile,
+        profile,
         args.nodes,
         args.gpus_per_node,
         time_scale=args.time_scale,

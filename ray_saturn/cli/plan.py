@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ray_saturn.cli.args import count, output_file, seconds, seed, write_text
 from ray_saturn.errors import SpecError
+from ray_saturn.limits import MAX_GPUS_PER_NODE, MAX_NODES
 from ray_saturn.plan import Plan
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.solver import get_policy, policy_names, solve
@@ -15,8 +17,8 @@ from ray_saturn.spec import ClusterSpec
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
     """--nodes/--gpus-per-node or --cluster FILE: shared by plan, simulate and emulate."""
-    p.add_argument("--nodes", type=int, help="number of identical nodes")
-    p.add_argument("--gpus-per-node", type=int, help="GPUs on each node")
+    p.add_argument("--nodes", type=count("--nodes", high=MAX_NODES), help="number of identical nodes")
+    p.add_argument("--gpus-per-node", type=count("--gpus-per-node", high=MAX_GPUS_PER_NODE), help="GPUs on each node")
     p.add_argument(
         "--cluster", metavar="FILE", help='heterogeneous cluster JSON: {"nodes": [{"name": "a", "gpus": 8}, ...]}'
     )
@@ -44,8 +46,9 @@ def add_parser(sub) -> None:
     p.add_argument("--example", action="store_true", help="plan the shipped example profile (24 jobs, Pollux traces)")
     add_cluster_args(p)
     p.add_argument("--policy", default="saturn", help="saturn (default) or a baseline: " + ", ".join(policy_names()))
-    p.add_argument("--time-limit", type=float, default=30.0, metavar="S", help="solver time limit in seconds (30)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-limit", type=seconds("--time-limit"), default=30.0, metavar="S",
+                   help="solver time limit in seconds (30)")
+    p.add_argument("--seed", type=seed(), default=0)
     p.add_argument("--deterministic", action="store_true",
                    help="count the saturn search in work, not seconds: the same plan for the same seed on any machine")
     p.add_argument("--objective", default="makespan", choices=OBJECTIVES,
@@ -53,7 +56,8 @@ def add_parser(sub) -> None:
                    "time; a profile 'weight' column weights it) or online (completion, makespan within 3%% of "
                    "the best)")
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
-    p.add_argument("-o", "--output", metavar="FILE", help="also write the plan JSON to FILE")
+    p.add_argument("-o", "--output", type=output_file("--output"), metavar="FILE",
+                   help="also write the plan JSON to FILE")
     p.set_defaults(func=run)
 
 
@@ -61,18 +65,14 @@ def run(args: argparse.Namespace) -> int:
     cluster = cluster_from_args(args)
     if args.example == bool(args.profile):
         raise SpecError("give a PROFILE file or --example (one of them)")
+    if args.deterministic and args.policy != "saturn":
+        raise SpecError("--deterministic applies to the saturn policy only (the baselines are deterministic)")
+    get_policy(args.policy)  # an unknown name is refused before the profile is read
+    policy = get_policy("saturn", deterministic=True, objective=args.objective) if args.deterministic else args.policy
     profile = ProfileTable.read(args.profile or example_profile_path())
-    if args.time_limit <= 0:
-        raise SpecError(f"--time-limit is {args.time_limit}; give a positive number of seconds")
-    policy = args.policy
-    if args.deterministic:
-        if policy != "saturn":
-            raise SpecError("--deterministic applies to the saturn policy only (the baselines are deterministic)")
-        policy = get_policy("saturn", deterministic=True, objective=args.objective)
     plan = solve(profile, cluster, policy, time_limit_s=args.time_limit, seed=args.seed, objective=args.objective)
     if args.output:
-        with open(args.output, "w") as f:
-            f.write(plan.to_json(indent=2))
+        write_text(args.output, plan.to_json(indent=2), "--output")
     if args.json:
         print(plan.to_json())
     else:

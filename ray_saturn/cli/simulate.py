@@ -14,9 +14,11 @@ import json
 import sys
 
 from ray_saturn import defaults
+from ray_saturn.cli.args import count, fraction, output_file, seconds, seed
 from ray_saturn.cli.plan import add_cluster_args, cluster_from_args
-from ray_saturn.control import replan_policy_names
+from ray_saturn.control import get_replan_policy, replan_policy_names
 from ray_saturn.errors import SpecError
+from ray_saturn.limits import MAX_NOISE
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.sim import (
     SimConfig,
@@ -55,8 +57,9 @@ def add_parser(sub) -> None:
         default=",".join(DEFAULT_POLICIES),
         help="comma-separated; any of: " + ", ".join(replan_policy_names()),
     )
-    p.add_argument("--noise", type=float, default=0.2, help="relative spread of true step times (0.2)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--noise", type=fraction("--noise", high=MAX_NOISE), default=0.2,
+                   help="relative spread of true step times (0.2)")
+    p.add_argument("--seed", type=seed(), default=0)
     p.add_argument(
         "--arrivals",
         default="0",
@@ -74,7 +77,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--restart-cost",
-        type=float,
+        type=seconds("--restart-cost", zero=True),
         default=defaults.RESTART_S,
         metavar="S",
         help=f"seconds a moved task spends restarting, besides the profile's start-up ({defaults.RESTART_S:g})",
@@ -87,51 +90,53 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--random-failures",
-        type=int,
+        type=count("--random-failures", low=0),
         default=0,
         metavar="K",
         help="K random node failures during the first plan's makespan",
     )
     p.add_argument(
         "--recovery",
-        type=float,
+        type=seconds("--recovery"),
         default=None,
         metavar="S",
         help="random failures come back after S seconds (default: never)",
     )
     p.add_argument(
         "--solver-time-limit",
-        type=float,
+        type=seconds("--solver-time-limit"),
         default=2.0,
         metavar="S",
         help="time limit of each (re-)plan (2)",
     )
     p.add_argument(
         "--replan-gap",
-        type=float,
+        type=fraction("--replan-gap"),
         default=0.01,
         metavar="F",
         help="least time between re-plans, as a fraction of the first plan's makespan (0.01)",
     )
     p.add_argument(
         "--replan-window",
-        type=int,
+        type=count("--replan-window"),
         default=None,
         metavar="N",
         help="re-plan at most N queued tasks at a time (rolling horizon); default: all, or 200 above 300 tasks",
     )
     p.add_argument("--deterministic", action="store_true", help="solver limits counted in work: same seed, same run")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--plot", metavar="FILE.png", help="write utilisation and Gantt charts")
+    p.add_argument("--plot", type=output_file("--plot"), metavar="FILE.png", help="write utilisation and Gantt charts")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     cluster = cluster_from_args(args)
-    profile = ProfileTable.read(args.profile)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:
         raise SpecError("--policies is empty; name at least one policy")
+    for name in policies:
+        get_replan_policy(name)
+    profile = ProfileTable.read(args.profile)
     arrivals = parse_arrivals(args.arrivals, profile, seed=args.seed)
     failures = parse_failures(args.failures, cluster) if args.failures else []
     objective = args.objective
@@ -148,8 +153,6 @@ def run(args: argparse.Namespace) -> int:
         max_replan_tasks=args.replan_window or (200 if len(profile.tasks) > 300 else None),
         objective=objective,
     )
-    if args.replan_window is not None and args.replan_window < 1:
-        raise SpecError(f"--replan-window is {args.replan_window}; give at least 1")
     if args.random_failures:
         from ray_saturn.solver import solve
 

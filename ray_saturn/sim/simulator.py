@@ -64,6 +64,7 @@ from ray_saturn.control import (
     get_replan_policy,
 )
 from ray_saturn.errors import SaturnError, SpecError
+from ray_saturn.limits import MAX_NOISE, MAX_SEED, number, whole
 from ray_saturn.plan import Plan
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.sim.workload import NodeFailure, true_step_times
@@ -118,16 +119,16 @@ class SimConfig:
     objective: str = "makespan"
 
     def __post_init__(self) -> None:
-        if not math.isfinite(self.noise) or self.noise < 0:
-            raise SpecError(f"noise is {self.noise}; give a relative spread >= 0 (0.2 = 20%)")
-        if self.restart_s < 0:
-            raise SpecError(f"restart cost is {self.restart_s} s; give a number >= 0")
-        if self.solver_time_limit_s <= 0:
-            raise SpecError(f"solver time limit is {self.solver_time_limit_s} s; give a positive number")
-        if self.checkpoint_interval_s <= 0:
-            raise SpecError(f"checkpoint interval is {self.checkpoint_interval_s} s; give a positive number")
-        if not 0 < self.progress_fraction <= 1:
-            raise SpecError(f"progress fraction is {self.progress_fraction}; give a number in (0, 1]")
+        number(self.noise, "noise (relative spread of true step times, 0.2 = 20%)", low=0, high=MAX_NOISE)
+        whole(self.seed, "seed", low=0, high=MAX_SEED)
+        number(self.restart_s, "restart cost (s)", low=0)
+        number(self.solver_time_limit_s, "solver time limit (s)", low=0, low_open=True)
+        number(self.min_replan_gap_s, "least gap between re-plans (s)", low=0)
+        number(self.min_replan_gap_fraction, "least gap between re-plans (fraction of the makespan)", low=0)
+        number(self.checkpoint_interval_s, "checkpoint interval (s)", low=0, low_open=True)
+        number(self.progress_fraction, "progress fraction", low=0, low_open=True, high=1)
+        if self.max_replan_tasks is not None:
+            whole(self.max_replan_tasks, "re-plan window (tasks)")
         object.__setattr__(self, "objective", parse_objective(self.objective))
 
 

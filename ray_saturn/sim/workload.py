@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ray_saturn.errors import SpecError
+from ray_saturn.limits import MAX_NOISE, number
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.spec import ClusterSpec
 
@@ -47,8 +48,7 @@ def _rng(seed: int, *keys: str) -> np.random.Generator:
 
 def true_step_times(profile: ProfileTable, *, noise: float, seed: int) -> dict[tuple[str, str, int, int], float]:
     """The step time each feasible configuration really has in the simulated world."""
-    if not math.isfinite(noise) or noise < 0:
-        raise SpecError(f"--noise is {noise}; give a relative spread >= 0 (0.2 = 20%)")
+    number(noise, "--noise (relative spread of true step times, 0.2 = 20%)", low=0, high=MAX_NOISE)
     out = {}
     for task in profile.tasks:
         rng = _rng(seed, "task", task)
@@ -77,7 +77,7 @@ def parse_arrivals(spec: str | None, profile: ProfileTable, *, seed: int) -> dic
             rate = float(spec.split(":", 1)[1])
         except ValueError:
             rate = -1.0
-        if not rate > 0:
+        if not (rate > 0 and math.isfinite(rate)):
             raise SpecError(f"--arrivals {spec!r}: give poisson:R with R > 0 tasks per hour")
         gaps = _rng(seed, "arrivals").exponential(3600.0 / rate, size=len(tasks))
         gaps[0] = 0.0
@@ -125,7 +125,7 @@ class NodeFailure:
     def __post_init__(self) -> None:
         if not math.isfinite(self.at_s) or self.at_s < 0:
             raise SpecError(f"node failure of {self.node!r} at {self.at_s}; give a time >= 0")
-        if self.back_s is not None and not self.back_s > self.at_s:
+        if self.back_s is not None and not (math.isfinite(self.back_s) and self.back_s > self.at_s):
             raise SpecError(f"node {self.node!r} comes back at {self.back_s}, not after its failure at {self.at_s}")
 
 

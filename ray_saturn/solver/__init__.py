@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from ray_saturn.context import PlanningContext
+from ray_saturn.limits import MAX_SEED, number, whole
 from ray_saturn.plan import Plan, validate_plan
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.solver.bounds import LowerBound, lower_bound
@@ -75,6 +76,8 @@ def solve_problem(
     policy object's own. A plan for completion or online also carries its mean
     completion time and a lower bound on it (:mod:`ray_saturn.solver.completion_bound`).
     """
+    time_limit_s = number(time_limit_s, "solver time limit (s)", low=0, low_open=True)
+    seed = whole(seed, "seed", low=0, high=MAX_SEED)
     if isinstance(policy, str):
         pol = solver_policy(policy, objective=objective) if objective else get_policy(policy)
     else:

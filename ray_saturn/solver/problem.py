@@ -30,12 +30,12 @@ from typing import Any
 import numpy as np
 
 from ray_saturn.context import PlanningContext
-from ray_saturn.errors import InfeasibleError, PlanError, ProfileError
+from ray_saturn.errors import InfeasibleError, ProfileError
 from ray_saturn.plan import Assignment, Plan
 from ray_saturn.profile_table import Config, ProfileTable
 from ray_saturn.spec import ClusterSpec
 
-__all__ = ["BOUND_TOL", "Option", "Problem", "Schedule", "build_problem", "check_bound"]
+__all__ = ["BOUND_TOL", "Option", "Problem", "Schedule", "build_problem"]
 
 
 @dataclass(frozen=True)
@@ -224,7 +224,6 @@ class Problem:
                 )
             )
         makespan = max((a.end_s for a in assignments), default=0.0)
-        check_bound(policy, lower_bound_s, makespan)
         if status is None:
             status = "optimal" if makespan <= lower_bound_s * (1 + BOUND_TOL) + BOUND_TOL else "feasible"
         return Plan(policy, makespan, lower_bound_s, solve_time_s, status, assignments)
@@ -232,27 +231,6 @@ class Problem:
 
 #: Relative (and absolute, in seconds) floating-point slack when a bound is compared with a makespan.
 BOUND_TOL = 1e-9
-
-
-def check_bound(policy: str, lower_bound_s: float, makespan_s: float) -> None:
-    """Raise if a lower bound is above the makespan of a schedule it is meant to bound.
-
-    A valid lower bound never exceeds any schedule's makespan, so this is a
-    bug in a bound or a policy, never something to clip away.
-
-    Example:
-        >>> check_bound("p", 100.0, 160.0)
-        >>> try:
-        ...     check_bound("p", 1e9, 160.0)
-        ... except PlanError as exc:
-        ...     print(str(exc)[:70])
-        policy p reports a lower bound of 1e+09 s above its own makespan of 16
-    """
-    if not lower_bound_s <= makespan_s * (1 + BOUND_TOL) + BOUND_TOL:
-        raise PlanError(
-            f"policy {policy} reports a lower bound of {lower_bound_s:.6g} s above its own makespan of "
-            f"{makespan_s:.6g} s: the bound is wrong (a bug in the policy or the bounds), not a plan to trust"
-        )
 
 
 def _dominates(a: Option, b: Option) -> bool:

@@ -1,0 +1,129 @@
+"""Flag types for the subcommands: every number and path is checked as it is parsed.
+
+A bad value ends the command before anything runs (no profile read, no
+cluster started) with one line, ``ray-saturn CMD: error: argument FLAG:
+...``, and exit code 2 (see :class:`OneLineParser`).
+
+Example:
+    >>> seconds("--time-limit")("30")
+    30.0
+    >>> seconds("--time-limit")("nan")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: 'nan' is not a finite number > 0 (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+from ray_saturn.errors import SaturnError
+from ray_saturn.limits import MAX_SEED, number, whole
+
+__all__ = ["OneLineParser", "count", "fraction", "output_file", "run_folder", "seconds", "seed", "write_text"]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr and exit code 2 (no usage block)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        message = " ".join(message.split())
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _type(name: str, check: Callable[[str], object]) -> Callable[[str], object]:
+    def parse(text: str) -> object:
+        try:
+            return check(text)
+        except SaturnError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = name  # argparse names the type in some messages
+    return parse
+
+
+def seconds(flag: str, *, zero: bool = False) -> Callable[[str], object]:
+    """A finite number of seconds, > 0 (or >= 0 with ``zero``)."""
+    bound = ">= 0" if zero else "> 0"
+
+    def check(text: str) -> float:
+        try:
+            return number(text, flag, low=0, low_open=not zero)
+        except SaturnError:
+            raise SaturnError(f"{text!r} is not a finite number {bound} (seconds)") from None
+
+    return _type("seconds", check)
+
+
+def fraction(flag: str, *, high: float | None = None) -> Callable[[str], object]:
+    """A finite number >= 0 (at most ``high``)."""
+
+    def check(text: str) -> float:
+        try:
+            return number(text, flag, low=0, high=high)
+        except SaturnError:
+            most = f" and <= {high:g}" if high is not None else ""
+            raise SaturnError(f"{text!r} is not a finite number >= 0{most}") from None
+
+    return _type("number", check)
+
+
+def count(flag: str, *, low: int = 1, high: int | None = None) -> Callable[[str], object]:
+    """A whole number in ``[low, high]``."""
+
+    def check(text: str) -> int:
+        try:
+            return whole(text, flag, low=low, high=high)
+        except SaturnError:
+            rng = f"from {low} to {high}" if high is not None else f">= {low}"
+            raise SaturnError(f"{text!r} is not a whole number {rng}") from None
+
+    return _type("count", check)
+
+
+def seed(flag: str = "--seed") -> Callable[[str], object]:
+    """A random seed: a whole number from 0 to 2**31 - 1."""
+    return count(flag, low=0, high=MAX_SEED)
+
+
+def output_file(flag: str) -> Callable[[str], object]:
+    """A file to write: its folder must exist and it must not be a folder."""
+
+    def check(text: str) -> str:
+        p = Path(text)
+        if not text.strip():
+            raise SaturnError("is empty; give a file name")
+        if p.is_dir():
+            raise SaturnError(f"{text!r} is a folder; give a file name in it")
+        parent = p.parent if str(p.parent) else Path(".")
+        if not parent.is_dir():
+            raise SaturnError(f"{text!r}: folder {str(parent)!r} does not exist; create it first")
+        return text
+
+    return _type("path", check)
+
+
+def run_folder(flag: str) -> Callable[[str], object]:
+    """A run folder: created if missing, but not an existing file."""
+
+    def check(text: str) -> str:
+        if not text.strip():
+            raise SaturnError("is empty; give a folder")
+        p = Path(text)
+        if p.exists() and not p.is_dir():
+            raise SaturnError(f"{text!r} is a file; give a folder")
+        return text
+
+    return _type("path", check)
+
+
+def write_text(path: str, text: str, flag: str) -> None:
+    """Write ``text`` to ``path``; an OS error (no permission, disk full) is a one-line error naming ``flag``."""
+    try:
+        Path(path).write_text(text)
+    except OSError as exc:
+        raise SaturnError(f"{flag} {path}: cannot write ({exc.strerror or exc})") from None
+
+
