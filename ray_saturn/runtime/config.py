@@ -16,12 +16,14 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ray_saturn import defaults
 from ray_saturn.errors import SaturnError
+from ray_saturn.limits import MAX_NOISE, number
 from ray_saturn.spec import check_name
 
 __all__ = ["DriverConfig", "RunSettings", "check_policy", "emulation_config"]
@@ -95,8 +97,8 @@ def emulation_config(
     solver_time_limit_s: float = defaults.EMULATE_SOLVER_TIME_LIMIT_S,
 ) -> DriverConfig:
     """The settings of an emulated run: a checkpoint and a restart cost of one wall second each."""
-    if not time_scale > 0:
-        raise SaturnError(f"--time-scale is {time_scale}; give a factor > 0 (wall seconds per profile second)")
+    if not (time_scale > 0 and math.isfinite(time_scale) and math.isfinite(1.0 / time_scale)):
+        raise SaturnError(f"--time-scale is {time_scale}; give a finite factor > 0 (wall seconds per profile second)")
     return DriverConfig(
         policy=policy,
         seed=seed,
@@ -126,10 +128,9 @@ class RunSettings:
         check_name(self.name, "run name")
         if self.mode not in ("train", "emulate"):
             raise SaturnError(f"run mode {self.mode!r} must be train or emulate")
-        if not self.time_scale > 0:
-            raise SaturnError(f"time scale is {self.time_scale}; it must be > 0")
-        if self.noise < 0:
-            raise SaturnError(f"noise is {self.noise}; it must be >= 0")
+        number(self.time_scale, "time scale (wall seconds per profile second)", low=0, low_open=True,
+               error=SaturnError)
+        number(self.noise, "noise (relative spread of true step times)", low=0, high=MAX_NOISE, error=SaturnError)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
