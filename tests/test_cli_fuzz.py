@@ -100,8 +100,10 @@ def test_plan_fuzz(data):
         }
         if mode == "flag":
             flag = data.draw(st.sampled_from(sorted(flags)))
-            flags[flag] = data.draw(st.one_of(JUNK_NUMBER, st.sampled_from(
-                [str(folder), str(folder / "missing" / "p.json"), "nosuch", ""])))
+            if flag == "-o":  # paths inside the temporary folder only: a junk name would be a file written here
+                flags[flag] = data.draw(st.sampled_from([str(folder), str(folder / "missing" / "p.json"), ""]))
+            else:
+                flags[flag] = data.draw(st.one_of(JUNK_NUMBER, st.sampled_from(["nosuch", ""])))
         argv = ["plan", str(profile_path), *cluster_args, "--json"]
         for flag, value in flags.items():
             argv.append(f"{flag}={value}")  # '=': a value starting with '-' is a value, not a flag

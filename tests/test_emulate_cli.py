@@ -73,8 +73,6 @@ def test_emulate_json_contract_and_status(tmp_path):
           "nan"], "argument --solver-time-limit: 'nan'"),
         (["emulate", "{wide}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "1"], "fits nowhere"),
         (["emulate", "{big}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "1"], "steps is"),
-        (["emulate", "{p}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "1", "--run-dir", "{p}"],
-         "is a file; give a folder"),
         (["emulate", "{missing}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "1"], "no such profile file"),
         (["status", "{missing}"], "no such run folder"),
         (["resume", "{missing}"], "no such run folder"),

@@ -22,7 +22,7 @@ from pathlib import Path
 from ray_saturn.errors import SaturnError
 from ray_saturn.limits import MAX_SEED, number, whole
 
-__all__ = ["OneLineParser", "count", "fraction", "output_file", "run_folder", "seconds", "seed", "write_text"]
+__all__ = ["OneLineParser", "count", "fraction", "output_file", "seconds", "seed", "write_text"]
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -100,20 +100,6 @@ def output_file(flag: str) -> Callable[[str], object]:
         parent = p.parent if str(p.parent) else Path(".")
         if not parent.is_dir():
             raise SaturnError(f"{text!r}: folder {str(parent)!r} does not exist; create it first")
-        return text
-
-    return _type("path", check)
-
-
-def run_folder(flag: str) -> Callable[[str], object]:
-    """A run folder: created if missing, but not an existing file."""
-
-    def check(text: str) -> str:
-        if not text.strip():
-            raise SaturnError("is empty; give a folder")
-        p = Path(text)
-        if p.exists() and not p.is_dir():
-            raise SaturnError(f"{text!r} is a file; give a folder")
         return text
 
     return _type("path", check)
