@@ -1,6 +1,6 @@
 """How loose is the lower bound? Bound / optimum on small random instances solved exhaustively.
 
-The optimum comes from the exhaustive search in tests/conftest.py (independent
+The optimum comes from the exhaustive search in tests/helpers.py (independent
 of the solver); the instances are the seeded random ones the tests use
 (<= 5 tasks, <= 2 nodes, integer durations).
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from conftest import brute_force_makespan, random_instance
+from helpers import brute_force_makespan, random_instance
 
 from ray_saturn.solver import build_problem, lower_bound
 
