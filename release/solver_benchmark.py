@@ -11,6 +11,7 @@ Usage:
     python release/solver_benchmark.py --quick           # smaller time limits
     python release/solver_benchmark.py --tasks 64 --clusters 4x4 --time-limit 30
     python release/solver_benchmark.py --workload 3      # jobs from another Pollux workload file
+    python release/solver_benchmark.py --tasks 64 --clusters 4x4 --workload 2 3 4 5 6   # held-out job mixes
 """
 
 from __future__ import annotations
@@ -61,26 +62,27 @@ def main() -> None:
                     help="saturn's limit; default 30 s, 60 s for 256 tasks on 16x8")
     ap.add_argument("--quick", action="store_true", help="5 s limits (for a smoke run)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workload", type=int, default=1, help="Pollux workload file the jobs come from (1)")
+    ap.add_argument("--workload", type=int, nargs="+", default=[1],
+                    help="Pollux workload file(s) the jobs come from (1); with several, a row per file")
     args = ap.parse_args()
-    print("| tasks | cluster | bound | " + " | ".join(("saturn", *BASELINES))
+    wl = len(args.workload) > 1
+    print(("| workload " if wl else "") + "| tasks | cluster | bound | " + " | ".join(("saturn", *BASELINES))
           + " | saturn time | first plan | strongest baseline | saturn vs it |")
-    print("|---" * (8 + len(BASELINES)) + "|")
-    for n in args.tasks:
-        for c in args.clusters:
-            nodes, gpn = (int(x) for x in c.split("x"))
-            limit = args.time_limit or (60.0 if (n >= 256 and nodes * gpn >= 128) else 30.0)
-            if args.quick:
-                limit = 5.0
-            row = run_instance(n, nodes, gpn, limit, args.seed, args.workload)
-            lb = row["lb"]
-            ratios = [row["policies"][p][0] / lb for p in ("saturn", *BASELINES)]
-            best = min(BASELINES, key=lambda p: (row["policies"][p][0], p))
-            sat, ref = row["policies"]["saturn"][0], row["policies"][best][0]
-            status = " (optimal)" if row["saturn_status"] == "optimal" else ""
-            print(f"| {n} | {c} | {row['binding']} | " + " | ".join(f"{r:.3f}" for r in ratios)
-                  + f" | {row['policies']['saturn'][1]:.1f} s{status} | {row['saturn_first_s']:.3f} s"
-                  + f" | {best} | {100 * (sat / ref - 1):+.1f}% |", flush=True)
+    print("|---" * (8 + wl + len(BASELINES)) + "|")
+    for w, n, c in ((w, n, c) for w in args.workload for n in args.tasks for c in args.clusters):
+        nodes, gpn = (int(x) for x in c.split("x"))
+        limit = args.time_limit or (60.0 if (n >= 256 and nodes * gpn >= 128) else 30.0)
+        if args.quick:
+            limit = 5.0
+        row = run_instance(n, nodes, gpn, limit, args.seed, w)
+        lb = row["lb"]
+        ratios = [row["policies"][p][0] / lb for p in ("saturn", *BASELINES)]
+        best = min(BASELINES, key=lambda p: (row["policies"][p][0], p))
+        sat, ref = row["policies"]["saturn"][0], row["policies"][best][0]
+        status = " (optimal)" if row["saturn_status"] == "optimal" else ""
+        print((f"| {w} " if wl else "") + f"| {n} | {c} | {row['binding']} | " + " | ".join(f"{r:.3f}" for r in ratios)
+              + f" | {row['policies']['saturn'][1]:.1f} s{status} | {row['saturn_first_s']:.3f} s"
+              + f" | {best} | {100 * (sat / ref - 1):+.1f}% |", flush=True)
 
 
 if __name__ == "__main__":
