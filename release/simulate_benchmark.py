@@ -44,7 +44,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from pollux import build_profile  # noqa: E402
 
-from ray_saturn import ClusterSpec  # noqa: E402
+from ray_saturn import ClusterSpec, defaults  # noqa: E402
 from ray_saturn.sim import SimConfig, compare, oracle_lower_bound  # noqa: E402
 
 POLICIES = (
@@ -59,8 +59,10 @@ POLICIES = (
 )
 
 
-def run_scenario(args, scenario: str) -> dict[str, dict]:
-    """Per seed (as a string key), per policy, the run's metrics, and the seed's lower bound."""
+def run_scenario(args, scenario: str, save=None) -> dict[str, dict]:
+    """Per seed (as a string key), per policy, the run's metrics, and the seed's lower bound.
+
+    ``save(runs)`` is called after every seed, so a chunk cut short keeps the seeds it finished."""
     cluster = ClusterSpec.uniform(args.nodes, args.gpus_per_node)
     profile, arrivals = build_profile(args.tasks, args.nodes, args.gpus_per_node, workload=args.workload)
     if scenario == "batch":
@@ -104,6 +106,8 @@ def run_scenario(args, scenario: str) -> dict[str, dict]:
             file=sys.stderr,
             flush=True,
         )
+        if save is not None:
+            save(runs)
     return runs
 
 
@@ -180,7 +184,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=10, help="seeds of the batch scenario (10)")
     ap.add_argument("--online-seeds", type=int, default=3, help="seeds of the online scenario (3)")
     ap.add_argument("--noise", type=float, default=0.2)
-    ap.add_argument("--restart-cost", type=float, default=30.0)
+    ap.add_argument("--restart-cost", type=float, default=defaults.RESTART_S)
     ap.add_argument("--solver-time-limit", type=float, default=1.0)
     ap.add_argument("--replan-gap", type=float, default=0.01)
     ap.add_argument("--scenarios", default="batch,online")
@@ -208,11 +212,15 @@ def main() -> None:
     print(header)
     out = {"header": header, "scenarios": {}}
     for scenario in args.scenarios.split(","):
-        runs = run_scenario(args, scenario)
+
+        def save(runs: dict[str, dict], scenario: str = scenario) -> None:
+            if args.save:
+                out["scenarios"][scenario] = runs
+                Path(args.save).write_text(json.dumps(out, indent=1))
+
+        runs = run_scenario(args, scenario, save)
         out["scenarios"][scenario] = runs
         print_table(scenario, runs)
-    if args.save:
-        Path(args.save).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
