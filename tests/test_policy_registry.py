@@ -108,3 +108,17 @@ def test_fifo_whole_node_never_shares_a_node(inst):
     # first come, first served: in profile order, no task starts before the one before it
     starts = [x.start_s for x in sorted(a, key=lambda x: profile.tasks.index(x.task))]
     assert starts == sorted(starts)
+
+
+def test_an_objective_given_twice_must_agree():
+    profile = ProfileTable.from_rows([
+        {"task": t, "strategy": "ddp", "gpus": 1, "step_time_s": s, "steps": 10} for t, s in (("a", 1.0), ("b", 2.0))
+    ])
+    cluster = ClusterSpec.uniform(1, 1)
+    completion = get_policy("saturn", deterministic=True, objective="completion")
+    with pytest.raises(SaturnError, match="objective"):
+        solve(profile, cluster, completion, objective="makespan", time_limit_s=2)
+    plan = solve(profile, cluster, completion, objective="completion", time_limit_s=2)
+    assert plan.objective == "completion"
+    assert [a.task for a in sorted(plan.assignments, key=lambda a: a.start_s)] == ["a", "b"]
+    assert solve(profile, cluster, completion, time_limit_s=2).objective == "completion"

@@ -111,7 +111,7 @@ class SimConfig:
     solver_time_limit_s: float = 2.0
     min_replan_gap_s: float = 0.0
     min_replan_gap_fraction: float = 0.0
-    checkpoint_interval_s: float = 600.0
+    checkpoint_interval_s: float = defaults.CHECKPOINT_INTERVAL_S
     progress_fraction: float = 0.05
     keep_plans: bool = False
     deterministic: bool = False

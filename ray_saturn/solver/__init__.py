@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from ray_saturn.context import PlanningContext
+from ray_saturn.errors import SpecError
 from ray_saturn.limits import MAX_SEED, number, whole
 from ray_saturn.plan import Plan, validate_plan
 from ray_saturn.profile_table import ProfileTable
@@ -73,8 +74,9 @@ def solve_problem(
 
     ``objective`` (``makespan``, ``completion``, ``online``) sets a policy name's
     objective option (saturn's; the baselines follow fixed rules); by default a
-    policy object's own. A plan for completion or online also carries its mean
-    completion time and a lower bound on it (:mod:`ray_saturn.solver.completion_bound`).
+    policy object's own (a different one from a policy object's own is an error).
+    A plan for completion or online also carries its mean completion time and a
+    lower bound on it (:mod:`ray_saturn.solver.completion_bound`).
     """
     time_limit_s = number(time_limit_s, "solver time limit (s)", low=0, low_open=True)
     seed = whole(seed, "seed", low=0, high=MAX_SEED)
@@ -82,7 +84,11 @@ def solve_problem(
         pol = solver_policy(policy, objective=objective) if objective else get_policy(policy)
     else:
         pol = policy
-    objective = getattr(pol.options, "objective", None) or parse_objective(objective)
+    own = getattr(pol.options, "objective", None)
+    if own is not None and objective is not None and parse_objective(objective) != own:
+        raise SpecError(f"policy {pol.name} is set for the {own} objective, but objective={objective!r} was given: "
+                        "give the objective once (the policy's option or the argument)")
+    objective = own or parse_objective(objective)
     t0 = time.perf_counter()
     bound = bound or lower_bound(problem)
 
