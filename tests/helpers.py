@@ -145,12 +145,28 @@ def random_instance(seed: int, max_tasks: int = 5, max_nodes: int = 2, max_optio
 
 
 def brute_force_makespan(profile: ProfileTable, cluster: ClusterSpec, release: dict | None = None) -> float:
-    """Optimal makespan by exhaustive serial schedule generation with branch and bound.
+    """Optimal makespan by exhaustive serial schedule generation (see :func:`brute_force`)."""
+    return brute_force(profile, cluster, release, lambda task, end, value: max(value, end))
 
-    Every active schedule is produced by placing tasks one at a time, each at
-    its earliest feasible start on some node set, in some order and with some
-    configuration; an optimal schedule is among the active ones. Written
-    independently of ray_saturn.solver on purpose.
+
+def brute_force_total_completion(
+    profile: ProfileTable, cluster: ClusterSpec, release: dict | None = None, weights: dict | None = None
+) -> float:
+    """Least sum_t w_t C_t (weights default to 1) by exhaustive serial schedule generation."""
+    weights = weights or {}
+    return brute_force(profile, cluster, release, lambda task, end, value: value + weights.get(task, 1.0) * end)
+
+
+def brute_force(profile: ProfileTable, cluster: ClusterSpec, release: dict | None, add) -> float:
+    """The least value of a regular objective over all active schedules, with branch and bound.
+
+    ``add(task, end, value)`` folds a placed task's end into the objective's
+    value (it must never decrease it: max for the makespan, a weighted sum
+    for completion times). Every active schedule is produced by placing
+    tasks one at a time, each at its earliest feasible start on some node
+    set, in some order and with some configuration; an optimal schedule for
+    any regular objective is among the active ones. Written independently of
+    ray_saturn.solver on purpose.
     """
     release = release or {}
     caps = {n.name: n.gpus for n in cluster.nodes}
@@ -175,11 +191,11 @@ def brute_force_makespan(profile: ProfileTable, cluster: ClusterSpec, release: d
                 return False
         return True
 
-    def dfs(remaining, placed, makespan):
-        if makespan >= best[0]:
+    def dfs(remaining, placed, value):
+        if value >= best[0]:
             return
         if not remaining:
-            best[0] = makespan
+            best[0] = value
             return
         for t in remaining:
             rest = [u for u in remaining if u != t]
@@ -189,7 +205,8 @@ def brute_force_makespan(profile: ProfileTable, cluster: ClusterSpec, release: d
                     cands = sorted({r} | {e for (n, _, e, _) in placed if e > r})
                     for start in cands:
                         if all(fits(placed, n, start, dur, per) for n in s):
-                            dfs(rest, placed + [(n, start, start + dur, per) for n in s], max(makespan, start + dur))
+                            end = start + dur
+                            dfs(rest, placed + [(n, start, end, per) for n in s], add(t, end, value))
                             break
 
     dfs(list(tasks), [], 0.0)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import random_instance, rows_profile
+from helpers import brute_force_total_completion, random_instance, rows_profile
 
 from ray_saturn import ClusterSpec, ProfileTable
 from ray_saturn.context import PlanningContext
@@ -25,51 +25,6 @@ from ray_saturn.sim import SimConfig, oracle_completion_bound, simulate
 from ray_saturn.solver import build_problem, solve
 from ray_saturn.solver.completion_bound import completion_lower_bound, srpt_total, wspt_mean_busy_bound
 from ray_saturn.solver.objective import objective_gain, parse_objective
-
-
-def _brute_force_total_completion(profile, cluster, release=None, weights=None) -> float:
-    """Least sum_t w_t C_t over active schedules (serial generation over every order, option and node
-    set), which include an optimal one for any regular objective. Independent of the solver."""
-    release = release or {}
-    weights = weights or {}
-    caps = {n.name: n.gpus for n in cluster.nodes}
-    names = list(caps)
-    opts = {}
-    for t in profile.tasks:
-        opts[t] = []
-        for c in profile.configs(t, feasible_only=True):
-            per = c.gpus // c.nodes
-            sets = [s for s in itertools.combinations(names, c.nodes) if all(caps[n] >= per for n in s)]
-            if sets:
-                opts[t].append((c.runtime_s, per, sets))
-    best = [math.inf]
-
-    def fits(placed, node, start, dur, per):
-        points = [start] + [s for (n, s, e, q) in placed if n == node and start < s < start + dur]
-        return all(
-            sum(q for (n, s, e, q) in placed if n == node and s <= p < e) + per <= caps[node] for p in points
-        )
-
-    def dfs(remaining, placed, total):
-        if total >= best[0]:
-            return
-        if not remaining:
-            best[0] = total
-            return
-        for t in remaining:
-            rest = [u for u in remaining if u != t]
-            r = float(release.get(t, 0.0))
-            for dur, per, sets in opts[t]:
-                for s in sets:
-                    for start in sorted({r} | {e for (_, _, e, _) in placed if e > r}):
-                        if all(fits(placed, n, start, dur, per) for n in s):
-                            end = start + dur
-                            dfs(rest, placed + [(n, start, end, per) for n in s], total + weights.get(t, 1.0) * end)
-                            break
-
-    dfs(list(profile.tasks), [], 0.0)
-    return best[0]
-
 
 # ----------------------------------------------------------------- objective names
 
@@ -110,7 +65,7 @@ def test_completion_bound_is_below_the_exhaustive_optimum(seed):
     rng = random.Random(seed)
     release = {t: float(rng.randint(0, 8)) for t in profile.tasks} if seed % 2 else {}
     weights = {t: float(rng.randint(1, 3)) for t in profile.tasks} if seed % 3 == 0 else {}
-    opt = _brute_force_total_completion(profile, cluster, release, weights)
+    opt = brute_force_total_completion(profile, cluster, release, weights)
     problem = build_problem(profile, cluster, PlanningContext(release_s=release))
     cb = completion_lower_bound(problem, [weights.get(t, 1.0) for t in problem.tasks])
     assert cb.total <= opt * (1 + 1e-9)
