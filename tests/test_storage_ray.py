@@ -218,3 +218,43 @@ def test_s3_run_moves_nodes_survives_a_killed_driver_and_writes_nothing_local(s3
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         cluster.shutdown()
+
+
+def test_tune_trials_checkpoint_to_s3_and_read_back(s3, tmp_path):  # noqa: F811
+    """The Tune integration with ``RunConfig(storage_path=s3://...)``: trials' checkpoints land in the
+    bucket (Tune's own persistence, through pyarrow with the URI's options), and each reads back as an
+    intact checkpoint of the trial's last step (what ``tune.get_checkpoint()`` hands a restarted trial)."""
+    import functools
+
+    from ray import tune
+
+    from ray_saturn.tune import SaturnScheduler, saturn_trainable
+    from ray_saturn.workloads.regression import regression_task
+
+    def estimate(config):
+        return [{"strategy": "single", "gpus": 1, "step_time_s": 0.02, "steps": 12}]
+
+    uri = s3.uri("tune")
+    with s3.credentials():
+        ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False)
+        try:
+            scheduler = SaturnScheduler(estimate, restart_s=2.0, cpus_per_trial=0.25)
+            tuner = tune.Tuner(
+                saturn_trainable(functools.partial(regression_task, max_steps=12), report_every=4),
+                param_space={"lr": tune.grid_search([0.1, 0.01]), "width": 16},
+                tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=scheduler, reuse_actors=False),
+                run_config=tune.RunConfig(name="on-s3", storage_path=uri, verbose=0),
+            )
+            grid = tuner.fit()
+            scheduler.close()
+            assert len(grid) == 2 and not grid.errors
+            for r in grid:
+                assert r.metrics["saturn_step"] == 12
+                assert type(r.checkpoint.filesystem).__name__ == "S3FileSystem", r.checkpoint.filesystem
+                with r.checkpoint.as_directory() as d:  # downloaded from the bucket
+                    assert latest_step(d) == 12, os.listdir(d)
+            stored = s3.keys("tune/on-s3/")
+            assert sum(k.endswith(".distcp") for k in stored) >= 2 * 3, stored[:20]  # 3 reports x 2 trials
+            assert not _run_files(tmp_path)
+        finally:
+            ray.shutdown()
