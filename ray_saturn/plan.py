@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ray_saturn.context import PlanningContext
+from ray_saturn.devices import check_devices
 from ray_saturn.errors import PlanError, ProfileError
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.spec import ClusterSpec
@@ -43,22 +44,30 @@ class Assignment:
 
     task: str
     strategy: str
-    gpus: int
+    gpus: int | float
     nodes: tuple[str, ...]
     start_s: float
     end_s: float
     setup_s: float = 0.0
+    #: Per node, the devices it occupies and its share of each, e.g. ``{"node-0": ((3, 0.25),)}``;
+    #: ``None`` when the plan does not say (whole GPUs on identical devices).
+    devices: Mapping[str, tuple[tuple[int, float], ...]] | None = None
+    #: The GPU type of the profile row it runs (``None``: the untyped row).
+    gpu_type: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(self.nodes))
+        if self.devices is not None:
+            object.__setattr__(self, "devices", {str(n): tuple((int(d), float(s)) for d, s in v)
+                                                 for n, v in self.devices.items()})
 
     @property
-    def key(self) -> tuple[str, str, int, int]:
+    def key(self) -> tuple[str, str, int | float, int]:
         return (self.task, self.strategy, self.gpus, len(self.nodes))
 
     @property
-    def gpus_per_node(self) -> int:
-        return self.gpus // max(1, len(self.nodes))
+    def gpus_per_node(self) -> int | float:
+        return self.gpus if self.gpus < 1 else self.gpus // max(1, len(self.nodes))
 
     @property
     def duration_s(self) -> float:
@@ -75,6 +84,10 @@ class Assignment:
         }
         if self.setup_s:
             out["setup_s"] = round(self.setup_s, 6)
+        if self.devices is not None:
+            out["devices"] = {n: [[d, s] for d, s in v] for n, v in self.devices.items()}
+        if self.gpu_type is not None:
+            out["gpu_type"] = self.gpu_type
         return out
 
     @classmethod
@@ -83,13 +96,15 @@ class Assignment:
             return cls(
                 task=str(data["task"]),
                 strategy=str(data["strategy"]),
-                gpus=int(data["gpus"]),
+                gpus=_gpus(data["gpus"]),
                 nodes=tuple(str(n) for n in data["nodes"]),
                 start_s=float(data["start_s"]),
                 end_s=float(data["end_s"]),
                 setup_s=float(data.get("setup_s", 0.0)),
+                devices=_devices(data.get("devices")),
+                gpu_type=None if data.get("gpu_type") is None else str(data["gpu_type"]),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PlanError(f"malformed assignment {dict(data)!r}: {exc}") from None
 
 
@@ -195,6 +210,28 @@ class Plan:
         validate_plan(self, profile, cluster, context, tol=tol)
 
 
+def _gpus(value: Any) -> int | float:
+    f = float(value)
+    return int(f) if f >= 1 and f == int(f) else f
+
+
+def _devices(value: Any) -> dict[str, tuple[tuple[int, float], ...]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError('devices must be an object {"node": [[device, share], ...]}')
+    out = {}
+    for node, entries in value.items():
+        pairs = []
+        for e in entries:
+            d, share = e
+            if float(d) != int(d):
+                raise ValueError(f"device index {d!r} is not a whole number")
+            pairs.append((int(d), float(share)))
+        out[str(node)] = tuple(pairs)
+    return out
+
+
 def _opt_float(value: Any) -> float | None:
     if value is None:
         return None
@@ -223,7 +260,9 @@ def validate_plan(
     the cluster, GPUs split evenly; ``end_s - start_s`` equals the profile
     runtime, start-up included (plus the restart set-up of a moved task; a
     running task kept in place has no start-up left); no node ever holds more
-    than its GPUs; the makespan is the last end; the lower bound is not above
+    than its GPUs; no device ever holds more than 1.0 (with ``devices``: see
+:func:`ray_saturn.devices.check_devices`); a row measured on a GPU type runs
+only on nodes of that type; the makespan is the last end; the lower bound is not above
     the makespan; and, with a context, release times, node availability and
     running tasks are respected.
     """
@@ -231,6 +270,7 @@ def validate_plan(
     if plan.status not in STATUSES:
         raise PlanError(f"plan status {plan.status!r} must be one of {', '.join(STATUSES)}")
     node_gpus = {n.name: n.gpus for n in cluster.nodes}
+    node_type = {n.name: n.gpu_type for n in cluster.nodes}
     running = {r.task: r for r in ctx.running}
     seen: set[str] = set()
     events: dict[str, list[tuple[float, int, int, str]]] = {n: [] for n in node_gpus}
@@ -241,10 +281,11 @@ def validate_plan(
             raise PlanError(f"{where}: the task appears twice; every task must appear exactly once")
         seen.add(a.task)
         try:
-            cfg = profile.get(a.task, a.strategy, a.gpus, len(a.nodes))
+            cfg = profile.get(a.task, a.strategy, a.gpus, len(a.nodes), a.gpu_type)
         except ProfileError:
+            on = f" measured on {a.gpu_type}" if a.gpu_type is not None else ""
             raise PlanError(
-                f"{where}: ({a.strategy}, {a.gpus} GPUs, {len(a.nodes)} node(s)) is not a profiled configuration"
+                f"{where}: ({a.strategy}, {a.gpus} GPUs, {len(a.nodes)} node(s){on}) is not a profiled configuration"
             ) from None
         if not cfg.feasible:
             raise PlanError(f"{where}: configuration ({a.strategy}, {a.gpus} GPUs) is marked infeasible")
@@ -253,6 +294,11 @@ def validate_plan(
         for n in a.nodes:
             if n not in node_gpus:
                 raise PlanError(f"{where}: node {n!r} is not in the cluster")
+            if cfg.gpu_type is not None and node_type[n] != cfg.gpu_type:
+                raise PlanError(
+                    f"{where}: runs its row measured on {cfg.gpu_type} on node {n!r} of type {node_type[n]}; "
+                    f"the task has no such row for that node's type"
+                )
         if not all(math.isfinite(x) for x in (a.start_s, a.end_s, a.setup_s)):
             raise PlanError(f"{where}: start, end and set-up must be finite numbers")
         if a.start_s < -tol:
@@ -282,7 +328,7 @@ def validate_plan(
                 f"{where}: runs {a.end_s - a.start_s:.6f} s but the profile says start-up {startup} s + "
                 f"{cfg.steps} steps x {cfg.step_time_s} s + set-up {expected_setup} s = {expected:.6f} s"
             )
-        per_node = a.gpus // len(a.nodes)
+        per_node = a.gpus_per_node
         for n in a.nodes:
             if per_node > node_gpus[n]:
                 raise PlanError(f"{where}: needs {per_node} GPUs on node {n!r}, which has {node_gpus[n]}")
@@ -311,13 +357,14 @@ def validate_plan(
             while j < len(evs) and evs[j][0] - t0 <= tol * max(1.0, abs(t0)):
                 j += 1
             used += sum(e[2] for e in evs[i:j])
-            if used > node_gpus[n]:
+            if used > node_gpus[n] + 1e-9:
                 tasks = sorted({e[3] for e in evs[i:j]})
                 raise PlanError(
                     f"node {n!r} holds {used} GPUs at {t0:.3f} s but has {node_gpus[n]} "
                     f"(tasks starting then: {', '.join(tasks)})"
                 )
             i = j
+    check_devices(plan, cluster, tol=tol)
     if not _close(plan.makespan_s, latest_end, tol):
         raise PlanError(f"the plan's makespan {plan.makespan_s} is not its last end time {latest_end}")
     if plan.mean_completion_s is not None:

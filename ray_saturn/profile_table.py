@@ -6,12 +6,20 @@ columns are
 =============  ==========  ==================================================
 task           string      task name, unique per task
 strategy       string      registered strategy name, e.g. ``ddp``, ``fsdp``
-gpus           int >= 1    GPUs the configuration uses in total
+gpus           int >= 1    GPUs the configuration uses in total, or a share
+                           1/2, 1/4 or 1/8 of one device (nodes = 1; written
+                           as 0.5, 0.25, 0.125 or "1/4"): the task shares the
+                           device with others
 nodes          int >= 1    nodes it spans, GPUs split evenly (default 1)
 step_time_s    float > 0   seconds per optimizer step (empty if infeasible)
 steps          int >= 1    optimizer steps the task still needs
 feasible       bool        false: does not fit / failed (default true)
-peak_mem_gb    float       optional, peak memory per GPU
+peak_mem_gb    float       optional, peak memory per GPU (per copy for a share)
+gpu_type       string      optional: the GPU type the row was measured on
+                           (runs only on nodes of that type); empty = any
+device_mem_gb  float > 0   optional: the device's memory; a row whose copies
+                           (k for a 1/k share, else 1) x peak_mem_gb exceed
+                           it is infeasible
 startup_s      float >= 0  optional: a segment's launch to its first step
                            (trainer start, model build), default 0
 checkpoint_save_s  float   optional, >= 0: one checkpoint save, default 0
@@ -23,6 +31,11 @@ A configuration runs ``startup_s + steps x step_time_s`` (:attr:`Config.runtime_
 tables without the optional columns keep their old meaning (start-up 0).
 Moving a running task costs stop + ``checkpoint_save_s`` + the target's
 ``startup_s`` + ``checkpoint_load_s`` (see :mod:`ray_saturn.control.replan`).
+
+A share row (``gpus`` = 1/k) is measured with k copies of the job on one
+device at once: ``step_time_s`` is the step time under that sharing and
+``peak_mem_gb`` the peak memory of one copy. Tables without shares keep a
+whole-number ``gpus`` column; tables without ``gpu_type`` fit every node.
 
 Extra columns are allowed and kept. The table is Arrow-backed and reads and
 writes CSV and Parquet.
@@ -49,7 +62,7 @@ import pyarrow as pa
 
 from ray_saturn.errors import ProfileError, SpecError
 from ray_saturn.limits import MAX_GPUS, MAX_NODES, MAX_RUNTIME_S, MAX_STEPS, number, whole
-from ray_saturn.spec import check_name
+from ray_saturn.spec import check_gpu_type, check_name
 
 __all__ = ["COLUMNS", "COST_COLUMNS", "Config", "ProfileTable"]
 
@@ -64,6 +77,8 @@ COLUMNS: dict[str, pa.DataType] = {
     "feasible": pa.bool_(),
     "peak_mem_gb": pa.float64(),
 }
+#: The device shares a row may give as ``gpus`` (1/k of one device), by k.
+SHARES = {2: 0.5, 4: 0.25, 8: 0.125}
 #: Optional per-segment costs (seconds, >= 0, default 0), kept in the canonical table when present.
 COST_COLUMNS = ("startup_s", "checkpoint_save_s", "checkpoint_load_s")
 REQUIRED = ("task", "strategy", "gpus", "step_time_s", "steps")
@@ -77,7 +92,7 @@ class Config:
 
     task: str
     strategy: str
-    gpus: int
+    gpus: int | float
     nodes: int
     step_time_s: float | None
     steps: int
@@ -87,15 +102,31 @@ class Config:
     startup_s: float = 0.0
     checkpoint_save_s: float = 0.0
     checkpoint_load_s: float = 0.0
+    gpu_type: str | None = None
 
     @property
-    def key(self) -> tuple[str, str, int, int]:
+    def key(self) -> tuple[str, str, int | float, int]:
         """(task, strategy, gpus, nodes): how results are keyed, never by position."""
         return (self.task, self.strategy, self.gpus, self.nodes)
 
     @property
-    def gpus_per_node(self) -> int:
-        return self.gpus // self.nodes
+    def row_key(self) -> tuple[str, str, int | float, int, str | None]:
+        """:attr:`key` plus the GPU type: unique per row of a table."""
+        return (*self.key, self.gpu_type)
+
+    @property
+    def is_share(self) -> bool:
+        """True for a share of one device (``gpus`` = 1/k)."""
+        return self.gpus < 1
+
+    @property
+    def copies(self) -> int:
+        """How many copies share the device (k for a 1/k share; 1 for whole GPUs)."""
+        return round(1 / self.gpus) if self.is_share else 1
+
+    @property
+    def gpus_per_node(self) -> int | float:
+        return self.gpus if self.is_share else self.gpus // self.nodes
 
     def to_row(self) -> dict[str, Any]:
         """The row as a dict of contract-1 columns (plus ``reason`` when set)."""
@@ -111,6 +142,8 @@ class Config:
         }
         if self.reason is not None:
             row["reason"] = self.reason
+        if self.gpu_type is not None:
+            row["gpu_type"] = self.gpu_type
         for col in COST_COLUMNS:
             if getattr(self, col):
                 row[col] = getattr(self, col)
@@ -164,7 +197,7 @@ class ProfileTable:
                 table = pacsv.read_csv(
                     p,
                     convert_options=pacsv.ConvertOptions(
-                        column_types={"task": pa.string(), "strategy": pa.string()},
+                        column_types={"task": pa.string(), "strategy": pa.string(), "gpu_type": pa.string()},
                         strings_can_be_null=False,
                     ),
                 )
@@ -187,7 +220,15 @@ class ProfileTable:
             for k in r:
                 if k not in names:
                     names.append(k)
-        return cls(pa.table({k: [r.get(k) for r in rows] for k in names}), source=source)
+        columns = {}
+        for k in names:
+            values = [r.get(k) for r in rows]
+            try:
+                columns[k] = pa.array(values)
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                # Mixed kinds in one column (e.g. gpus 1 and "1/4"): keep them as text; parsing checks each cell.
+                columns[k] = pa.array([None if v is None else str(v) for v in values], pa.string())
+        return cls(pa.table(columns), source=source)
 
     def write(self, path: str | os.PathLike[str]) -> Path:
         """Write as ``.csv`` or ``.parquet`` (by suffix); returns the path."""
@@ -229,14 +270,26 @@ class ProfileTable:
             raise ProfileError(f"{self.source}: task {task!r} has no rows in the profile") from None
         return [c for c in rows if c.feasible] if feasible_only else list(rows)
 
-    def get(self, task: str, strategy: str, gpus: int, nodes: int = 1) -> Config:
+    def get(self, task: str, strategy: str, gpus: int | float, nodes: int = 1, gpu_type: str | None = None) -> Config:
+        """The row of this configuration (``gpu_type``: the row measured on that type; ``None``: the untyped row)."""
         for c in self._by_task.get(task, ()):
-            if c.strategy == strategy and c.gpus == gpus and c.nodes == nodes:
+            if c.strategy == strategy and c.gpus == gpus and c.nodes == nodes and c.gpu_type == gpu_type:
                 return c
+        on = f" measured on {gpu_type}" if gpu_type is not None else ""
         raise ProfileError(
             f"{self.source}: no row for task {task!r} strategy {strategy!r} "
-            f"with {gpus} GPU(s) on {nodes} node(s)"
+            f"with {gpus} GPU(s) on {nodes} node(s){on}"
         )
+
+    @property
+    def has_shares(self) -> bool:
+        """True when some row uses a share of a device (``gpus`` < 1)."""
+        return any(c.is_share for c in self._configs)
+
+    @property
+    def gpu_types(self) -> set[str]:
+        """The GPU types rows were measured on (empty for a table without ``gpu_type``)."""
+        return {c.gpu_type for c in self._configs if c.gpu_type is not None}
 
     def strategies(self) -> set[str]:
         return {c.strategy for c in self._configs}
@@ -311,6 +364,30 @@ def _parse_int(value: Any, col: str, where: str, default: int | None = None, hig
     return whole(value, f"{where}: {col}", high=high, error=ProfileError)
 
 
+def _parse_gpus(value: Any, where: str) -> int | float:
+    """A whole number >= 1, or a share 1/2, 1/4, 1/8 of one device (as a number or ``"1/k"``)."""
+    hint = "give a whole number >= 1, or a share of one device: 1/2, 1/4 or 1/8 (0.5, 0.25, 0.125)"
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise ProfileError(f"{where}: gpus is empty; {hint}")
+    text = str(value).strip()
+    try:
+        if isinstance(value, str) and "/" in text:
+            num, den = text.split("/", 1)
+            f = float(num) / float(den)
+        else:
+            f = float(value)
+    except (TypeError, ValueError, ZeroDivisionError):
+        raise ProfileError(f"{where}: gpus is {value!r}; {hint}") from None
+    if math.isfinite(f) and f >= 1 and f == int(f):
+        return whole(value if "/" not in text else f, f"{where}: gpus", high=MAX_GPUS, error=ProfileError)
+    for share in SHARES.values():
+        if math.isfinite(f) and abs(f - share) <= 1e-9:
+            return share
+    if f <= 0:
+        whole(value, f"{where}: gpus", high=MAX_GPUS, error=ProfileError)  # raises: below 1
+    raise ProfileError(f"{where}: gpus is {value!r}; {hint}")
+
+
 def _parse_float(value: Any, col: str, where: str) -> float | None:
     """A number, or None for an empty cell; NaN and infinities are errors, not missing values."""
     if value is None or (isinstance(value, str) and not value.strip()):
@@ -361,9 +438,18 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
         strategy = _cell_str(data["strategy"][i])
         if not strategy:
             raise ProfileError(f"{where}: strategy is empty; name a registered strategy such as ddp")
-        gpus = _parse_int(data["gpus"][i], "gpus", where, high=MAX_GPUS)
+        gpus = _parse_gpus(data["gpus"][i], where)
         nodes = _parse_int(data["nodes"][i] if "nodes" in data else None, "nodes", where, default=1, high=MAX_NODES)
-        if gpus % nodes:
+        if gpus < 1 and nodes != 1:
+            raise ProfileError(
+                f"{where}: gpus={gpus} is a share of one device but nodes={nodes}; "
+                "a share runs on one node: set nodes to 1"
+            )
+        try:
+            gpu_type = check_gpu_type(data["gpu_type"][i] if "gpu_type" in data else None, "gpu_type")
+        except SpecError as exc:
+            raise ProfileError(f"{where}: {exc}") from None
+        if gpus >= 1 and gpus % nodes:
             raise ProfileError(
                 f"{where}: {gpus} GPUs over {nodes} nodes do not split evenly; "
                 "make gpus a multiple of nodes"
@@ -387,28 +473,40 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
         if peak is not None and peak < 0:
             raise ProfileError(f"{where}: peak_mem_gb is {peak!r}; it must be >= 0")
         reason = data["reason"][i] if "reason" in data else None
+        device_mem = _parse_float(data["device_mem_gb"][i], "device_mem_gb", where) if "device_mem_gb" in data else None
+        if device_mem is not None and not (device_mem > 0 and math.isfinite(device_mem)):
+            raise ProfileError(f"{where}: device_mem_gb is {device_mem!r}; it must be a finite number of GB > 0")
+        copies = round(1 / gpus) if gpus < 1 else 1
+        if feasible and peak is not None and device_mem is not None and copies * peak > device_mem * (1 + 1e-9):
+            # k copies of a 1/k share must fit in the device together.
+            feasible = False
+            reason = (f"{copies} cop{'ies' if copies > 1 else 'y'} x {peak:g} GB peak memory > "
+                      f"{device_mem:g} GB device memory")
         costs = {}
         for col in COST_COLUMNS:
             v = _parse_float(data[col][i], col, where) if col in data else None
             if v is not None and (v < 0 or not math.isfinite(v)):
                 raise ProfileError(f"{where}: {col} is {v!r}; it must be a finite number of seconds >= 0")
             costs[col] = v or 0.0
-        key = (task, strategy, gpus, nodes)
+        key = (task, strategy, gpus, nodes, gpu_type)
         if key in seen:
+            on = f" on {gpu_type}" if gpu_type is not None else ""
             raise ProfileError(
                 f"{where}: duplicate of row {seen[key] + 1} (task {task!r}, strategy {strategy!r}, "
-                f"{gpus} GPUs, {nodes} node(s)); keep one row per configuration"
+                f"{gpus} GPUs, {nodes} node(s){on}); keep one row per configuration"
             )
         seen[key] = i
         configs.append(
             Config(task, strategy, gpus, nodes, step_time, steps, feasible, peak,
-                   None if reason in (None, "") else str(reason), **costs)
+                   None if reason in (None, "") else str(reason), **costs, gpu_type=gpu_type)
         )
     # Canonical Arrow table: known columns with their types, extras kept as they are.
     arrays: dict[str, pa.Array] = {
         "task": pa.array([c.task for c in configs], pa.string()),
         "strategy": pa.array([c.strategy for c in configs], pa.string()),
-        "gpus": pa.array([c.gpus for c in configs], pa.int64()),
+        # Whole GPUs stay an integer column (old tables keep their schema); shares make it float.
+        "gpus": pa.array([float(c.gpus) for c in configs], pa.float64()) if any(c.gpus < 1 for c in configs)
+        else pa.array([c.gpus for c in configs], pa.int64()),
         "nodes": pa.array([c.nodes for c in configs], pa.int64()),
         "step_time_s": pa.array([c.step_time_s for c in configs], pa.float64()),
         "steps": pa.array([c.steps for c in configs], pa.int64()),
@@ -418,6 +516,10 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
     for col in COST_COLUMNS:
         if col in table.column_names:
             arrays[col] = pa.array([getattr(c, col) for c in configs], pa.float64())
+    if "gpu_type" in table.column_names or any(c.gpu_type for c in configs):
+        arrays["gpu_type"] = pa.array([c.gpu_type for c in configs], pa.string())
+    if "reason" in table.column_names or any(c.reason for c in configs):
+        arrays["reason"] = pa.array([c.reason for c in configs], pa.string())
     for name in table.column_names:
         if name not in arrays:
             arrays[name] = table.column(name)

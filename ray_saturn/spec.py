@@ -23,10 +23,14 @@ from typing import Any
 from ray_saturn.errors import SpecError
 from ray_saturn.limits import MAX_GPUS_PER_NODE, MAX_NODES, MAX_STEPS, whole
 
-__all__ = ["ClusterSpec", "NodeSpec", "Task", "check_name"]
+__all__ = ["ClusterSpec", "NodeSpec", "Task", "check_gpu_type", "check_name", "ray_node_gpu_type"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=@,-]*$")
 _MAX_NAME = 128
+_TYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+#: Ray's resource-name prefix and node label for a node's accelerator type.
+ACCELERATOR_RESOURCE_PREFIX = "accelerator_type:"
+ACCELERATOR_LABEL = "ray.io/accelerator-type"
 
 
 def check_name(name: object, what: str = "task name") -> str:
@@ -52,6 +56,25 @@ def check_name(name: object, what: str = "task name") -> str:
     return name
 
 
+def check_gpu_type(value: object, what: str = "gpu_type") -> str | None:
+    """A GPU type name (``None`` or empty: no type), else a one-line error.
+
+    Example:
+        >>> check_gpu_type(" A100 "), check_gpu_type("")
+        ('A100', None)
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise SpecError(f"{what} is {value!r}; give the GPU type as a name such as A100")
+    value = value.strip()
+    if not value:
+        return None
+    if not _TYPE_RE.match(value):
+        raise SpecError(f"{what} is {value!r}; use letters, digits and . _ - only (e.g. A100, H100-80GB)")
+    return value
+
+
 def _positive_int(value: object, what: str, high: int | None = None) -> int:
     return whole(value, what, high=high)
 
@@ -61,15 +84,19 @@ class NodeSpec:
     """One node: a name (unique in its cluster) and its GPU count.
 
     ``node_id`` is the Ray node id when the spec was read from a live cluster.
+    ``gpu_type`` names the node's GPU model (e.g. ``A100``); ``None`` when
+    unknown. Profile rows measured on a type run only on nodes of that type.
     """
 
     name: str
     gpus: int
     node_id: str | None = None
+    gpu_type: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         check_name(self.name, "node name")
         object.__setattr__(self, "gpus", _positive_int(self.gpus, f"node {self.name!r} gpus", MAX_GPUS_PER_NODE))
+        object.__setattr__(self, "gpu_type", check_gpu_type(self.gpu_type, f"node {self.name!r} gpu_type"))
 
 
 @dataclass(frozen=True)
@@ -113,7 +140,7 @@ class ClusterSpec:
         for i, entry in enumerate(data["nodes"]):
             if not isinstance(entry, Mapping) or "name" not in entry or "gpus" not in entry:
                 raise SpecError(f'cluster node #{i} must be an object with "name" and "gpus"')
-            nodes.append(NodeSpec(entry["name"], entry["gpus"], entry.get("node_id")))
+            nodes.append(NodeSpec(entry["name"], entry["gpus"], entry.get("node_id"), entry.get("gpu_type")))
         return cls(tuple(nodes))
 
     @classmethod
@@ -134,7 +161,9 @@ class ClusterSpec:
         """Read the alive nodes with GPUs of the connected Ray cluster.
 
         Nodes are named ``node-<first 8 hex digits of the node id>``; the full
-        id is kept in ``node_id`` for placement.
+        id is kept in ``node_id`` for placement, the GPU type (Ray's
+        ``accelerator_type:<T>`` resource or ``ray.io/accelerator-type``
+        label) in ``gpu_type``.
         """
         import ray
 
@@ -146,7 +175,7 @@ class ClusterSpec:
             if not info.get("Alive") or gpus < 1:
                 continue
             node_id = info["NodeID"]
-            nodes.append(NodeSpec(f"node-{node_id[:8]}", math.floor(gpus), node_id))
+            nodes.append(NodeSpec(f"node-{node_id[:8]}", math.floor(gpus), node_id, ray_node_gpu_type(info)))
         if not nodes:
             raise SpecError(
                 "the Ray cluster has no node with a GPU; start Ray with GPUs "
@@ -161,12 +190,19 @@ class ClusterSpec:
             entry: dict[str, Any] = {"name": n.name, "gpus": n.gpus}
             if n.node_id:
                 entry["node_id"] = n.node_id
+            if n.gpu_type:
+                entry["gpu_type"] = n.gpu_type
             out.append(entry)
         return {"nodes": out}
 
     @property
     def total_gpus(self) -> int:
         return sum(n.gpus for n in self.nodes)
+
+    @property
+    def gpu_types(self) -> tuple[str | None, ...]:
+        """Each node's GPU type (``None``: untyped), in node order."""
+        return tuple(n.gpu_type for n in self.nodes)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -177,6 +213,22 @@ class ClusterSpec:
             if n.name == name:
                 return n
         raise SpecError(f"node {name!r} is not in the cluster (nodes: {', '.join(self.names)})")
+
+
+def ray_node_gpu_type(info: Mapping[str, Any]) -> str | None:
+    """The GPU type of one ``ray.nodes()`` entry: its ``ray.io/accelerator-type`` label, else the
+    ``accelerator_type:<T>`` resource Ray sets for detected GPUs; ``None`` if it has neither.
+
+    Example:
+        >>> ray_node_gpu_type({"Resources": {"GPU": 4.0, "accelerator_type:A100": 1.0}})
+        'A100'
+    """
+    label = (info.get("Labels") or {}).get(ACCELERATOR_LABEL)
+    if label:
+        return check_gpu_type(str(label), "the node's accelerator-type label")
+    types = sorted(k[len(ACCELERATOR_RESOURCE_PREFIX):] for k in (info.get("Resources") or {})
+                   if k.startswith(ACCELERATOR_RESOURCE_PREFIX))
+    return check_gpu_type(types[0], "the node's accelerator_type resource") if types else None
 
 
 @dataclass

@@ -21,7 +21,7 @@ def test_two_node_cluster_with_logical_gpus():
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 2})
     try:
-        cluster.add_node(num_cpus=1, num_gpus=3)
+        cluster.add_node(num_cpus=1, num_gpus=3, resources={"accelerator_type:T4": 1})
         cluster.add_node(num_cpus=1, num_gpus=0)  # a CPU-only node is not part of the plan
         ray.init(address=cluster.address)
         cluster.wait_for_nodes()
@@ -29,6 +29,7 @@ def test_two_node_cluster_with_logical_gpus():
         assert sorted(n.gpus for n in spec.nodes) == [2, 3]
         assert all(n.node_id and n.name == f"node-{n.node_id[:8]}" for n in spec.nodes)
         assert spec.total_gpus == 5
+        assert {n.gpus: n.gpu_type for n in spec.nodes} == {2: None, 3: "T4"}  # Ray's accelerator_type resource
     finally:
         ray.shutdown()
         cluster.shutdown()

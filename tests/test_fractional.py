@@ -1,0 +1,217 @@
+"""Fractional-GPU shares and GPU types: profile rows, cluster types, plan devices and the validator."""
+
+from __future__ import annotations
+
+import pytest
+
+from ray_saturn import Assignment, ClusterSpec, Plan, PlanError, ProfileError, ProfileTable, SpecError, validate_plan
+from ray_saturn.spec import NodeSpec, ray_node_gpu_type
+
+
+def row(task="a", gpus=1, step=1.0, steps=10, **kw):
+    strategy = "single" if isinstance(gpus, str) or gpus < 1 else "ddp"
+    return {"task": task, "strategy": strategy, "gpus": gpus, "step_time_s": step, "steps": steps, **kw}
+
+
+# ----------------------------------------------------------------------------- profile rows
+@pytest.mark.parametrize(
+    "gpus, want", [(0.5, 0.5), (0.25, 0.25), (0.125, 0.125), ("1/4", 0.25), ("1/8", 0.125), (2, 2), (2.0, 2)]
+)
+def test_share_and_whole_gpus_parse(gpus, want):
+    t = ProfileTable.from_rows([row(gpus=1), row(gpus=gpus, strategy="x")])
+    c = t.configs("a")[1]
+    assert c.gpus == want and type(c.gpus) is type(want)
+    assert c.is_share == (want < 1)
+    assert c.copies == (round(1 / want) if want < 1 else 1)
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"gpus": 0.3}, "gpus is 0.3; give a whole number >= 1, or a share of one device: 1/2, 1/4 or 1/8"),
+        ({"gpus": "1/3"}, "gpus is '1/3'; give a whole number"),
+        ({"gpus": 0}, "gpus is 0; give a whole number from 1"),
+        ({"gpus": -0.25}, "gpus is -0.25; give a whole number from 1"),
+        ({"gpus": 1.5}, "gpus is 1.5; give a whole number"),
+        ({"gpus": 0.25, "nodes": 2}, "a share runs on one node: set nodes to 1"),
+        ({"gpu_type": "a/b"}, "gpu_type is 'a/b'; use letters"),
+        ({"device_mem_gb": -1}, "device_mem_gb is -1.0; it must be a finite number of GB > 0"),
+    ],
+)
+def test_bad_values_are_one_line_errors(bad, message):
+    with pytest.raises(ProfileError, match="profile row 1: ") as exc:
+        ProfileTable.from_rows([{**row(), **bad}])
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_old_tables_keep_their_meaning_and_schema():
+    t = ProfileTable.from_rows([row(gpus=1), row(gpus=2)])
+    assert str(t.to_arrow().schema.field("gpus").type) == "int64"
+    assert "gpu_type" not in t.to_arrow().column_names
+    assert not t.has_shares and t.gpu_types == set()
+    assert [c.gpu_type for c in t] == [None, None]
+
+
+def test_k_copies_must_fit_the_device():
+    t = ProfileTable.from_rows(
+        [
+            row(gpus=1, peak_mem_gb=30, device_mem_gb=80),
+            row(gpus=0.5, strategy="s2", peak_mem_gb=30, device_mem_gb=80),  # 2 x 30 <= 80
+            row(gpus=0.25, strategy="s4", peak_mem_gb=30, device_mem_gb=80),  # 4 x 30 > 80
+        ]
+    )
+    whole, half, quarter = t.configs("a")
+    assert whole.feasible and half.feasible
+    assert not quarter.feasible and quarter.reason == "4 copies x 30 GB peak memory > 80 GB device memory"
+
+
+def test_shares_and_types_round_trip_csv_and_parquet(tmp_path):
+    t = ProfileTable.from_rows(
+        [
+            row(gpus=1, gpu_type="A100"),
+            row(gpus=1, gpu_type="T4", step=3.0),
+            row(gpus="1/4", step=1.5),
+        ]
+    )
+    assert str(t.to_arrow().schema.field("gpus").type) == "double"
+    for name in ("p.csv", "p.parquet"):
+        back = ProfileTable.read(t.write(tmp_path / name))
+        assert list(back) == list(t)
+    assert t.get("a", "ddp", 1, 1, "T4").step_time_s == 3.0
+    assert t.get("a", "single", 0.25).gpus == 0.25
+    with pytest.raises(ProfileError, match="measured on V100"):
+        t.get("a", "ddp", 1, 1, "V100")
+    assert t.has_shares and t.gpu_types == {"A100", "T4"}
+
+
+def test_same_configuration_on_two_types_is_not_a_duplicate_but_twice_on_one_is():
+    ProfileTable.from_rows([row(gpu_type="A100"), row(gpu_type="T4")])
+    with pytest.raises(ProfileError, match=r"duplicate of row 1 .* on T4\)"):
+        ProfileTable.from_rows([row(gpu_type="T4"), row(gpu_type="T4")])
+
+
+# ----------------------------------------------------------------------------- cluster types
+def test_cluster_json_carries_gpu_type(tmp_path):
+    spec = ClusterSpec.from_dict({"nodes": [{"name": "a", "gpus": 4, "gpu_type": "A100"}, {"name": "b", "gpus": 4}]})
+    assert spec.gpu_types == ("A100", None)
+    assert spec.to_dict()["nodes"][0]["gpu_type"] == "A100" and "gpu_type" not in spec.to_dict()["nodes"][1]
+    assert ClusterSpec.from_dict(spec.to_dict()) == spec
+    with pytest.raises(SpecError, match="node 'a' gpu_type is 'A 100'"):
+        ClusterSpec.from_dict({"nodes": [{"name": "a", "gpus": 4, "gpu_type": "A 100"}]})
+
+
+def test_ray_node_type_from_label_or_accelerator_resource():
+    assert ray_node_gpu_type({"Resources": {"GPU": 4.0}}) is None
+    assert ray_node_gpu_type({"Resources": {"GPU": 4.0, "accelerator_type:T4": 1.0}}) == "T4"
+    info = {"Resources": {"accelerator_type:T4": 1.0}, "Labels": {"ray.io/accelerator-type": "L4"}}
+    assert ray_node_gpu_type(info) == "L4"
+
+
+# ----------------------------------------------------------------------------- plan devices
+PROFILE = ProfileTable.from_rows(
+    [row(task=f"s{i}", gpus=0.25, step=2.0) for i in range(5)]
+    + [row(task="w", gpus=2, step=1.0), row(task="w", gpus=1, step=2.0)]
+)
+CLUSTER = ClusterSpec.uniform(1, 2)
+
+
+def shares(n, device=0, start=0.0):
+    return [
+        Assignment(f"s{i}", "single", 0.25, ("node-0",), start, start + 20.0, devices={"node-0": [(device, 0.25)]})
+        for i in range(n)
+    ]
+
+
+def plan(assignments):
+    end = max(a.end_s for a in assignments)
+    return Plan("hand", end, 0.0, 0.0, "feasible", assignments)
+
+
+def test_packed_plan_validates_and_round_trips_devices():
+    a = [
+        *shares(4),
+        Assignment("s4", "single", 0.25, ("node-0",), 0.0, 20.0, devices={"node-0": [(1, 0.25)]}),
+        Assignment("w", "ddp", 1, ("node-0",), 20.0, 40.0, devices={"node-0": [(0, 1.0)]}),
+    ]
+    p = plan(a)
+    validate_plan(p, PROFILE, CLUSTER)
+    d = p.to_dict()
+    assert d["assignments"][0]["devices"] == {"node-0": [[0, 0.25]]}
+    assert Plan.from_json(p.to_json()) == p
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        # A fifth quarter on device 0 at once: 1.25 of one GPU.
+        (
+            Assignment("s4", "single", 0.25, ("node-0",), 10.0, 30.0, devices={"node-0": [(0, 0.25)]}),
+            "device 0 of node 'node-0' holds 1.25 of one GPU at 10.000 s",
+        ),
+        (Assignment("s4", "single", 0.25, ("node-0",), 0.0, 20.0), "names no device"),
+        (
+            Assignment("s4", "single", 0.25, ("node-0",), 0.0, 20.0, devices={"node-0": [(2, 0.25)]}),
+            "device 2 is not on node 'node-0', which has devices 0..1",
+        ),
+        (
+            Assignment("s4", "single", 0.25, ("node-0",), 0.0, 20.0, devices={"node-0": [(1, 0.5)]}),
+            "holds one device at share 0.25",
+        ),
+        (
+            Assignment("s4", "single", 0.25, ("node-0",), 0.0, 20.0, devices={"node-1": [(1, 0.25)]}),
+            "devices name nodes ['node-1'] but the task runs on ['node-0']",
+        ),
+    ],
+)
+def test_device_over_full_or_malformed_is_caught(extra, message):
+    a = [*shares(4), extra, Assignment("w", "ddp", 1, ("node-0",), 40.0, 60.0)]
+    with pytest.raises(PlanError) as exc:
+        validate_plan(plan(a), PROFILE, CLUSTER)
+    assert message in str(exc.value)
+
+
+def test_whole_gpus_without_devices_count_against_busy_devices():
+    # Quarters on both devices leave no whole device for w, although only 1.75 GPUs are in use.
+    a = [shares(5)[i] for i in (0, 1)] + [
+        Assignment("s2", "single", 0.25, ("node-0",), 0.0, 20.0, devices={"node-0": [(1, 0.25)]}),
+        *[
+            Assignment(f"s{i}", "single", 0.25, ("node-0",), 100.0, 120.0, devices={"node-0": [(0, 0.25)]})
+            for i in (3, 4)
+        ],
+        Assignment("w", "ddp", 1, ("node-0",), 5.0, 25.0),
+    ]
+    with pytest.raises(PlanError, match=r"node 'node-0' has 2 device.s. in use and 1 more whole GPU"):
+        validate_plan(plan(a), PROFILE, CLUSTER)
+    a[-1] = Assignment("w", "ddp", 1, ("node-0",), 5.0, 25.0, devices={"node-0": [(1, 1.0)]})
+    with pytest.raises(PlanError, match=r"device 1 of node 'node-0' holds 1.25"):
+        validate_plan(plan(a), PROFILE, CLUSTER)
+    a[-1] = Assignment("w", "ddp", 1, ("node-0",), 20.0, 40.0, devices={"node-0": [(1, 1.0)]})
+    validate_plan(plan(a), PROFILE, CLUSTER)
+    a[-1] = Assignment("w", "ddp", 1, ("node-0",), 15.0, 35.0, devices={"node-0": [(0, 1.0)]})
+    with pytest.raises(PlanError, match=r"device 0 of node 'node-0' holds 1\.5"):
+        validate_plan(plan(a), PROFILE, CLUSTER)
+
+
+def test_node_sum_of_shares_over_its_gpus_is_caught():
+    cluster = ClusterSpec.uniform(1, 1)
+    a = [
+        *shares(4),
+        Assignment("s4", "single", 0.25, ("node-0",), 0.0, 20.0, devices={"node-0": [(0, 0.25)]}),
+        Assignment("w", "ddp", 1, ("node-0",), 20.0, 40.0),
+    ]
+    with pytest.raises(PlanError, match=r"holds 1.25 GPUs"):
+        validate_plan(plan(a), PROFILE, cluster)
+
+
+def test_no_job_on_a_type_it_has_no_row_for():
+    profile = ProfileTable.from_rows([row(task="a", gpu_type="fast"), row(task="a", gpu_type="slow", step=3.0)])
+    cluster = ClusterSpec((NodeSpec("f", 1, gpu_type="fast"), NodeSpec("s", 1, gpu_type="slow")))
+    ok = plan([Assignment("a", "ddp", 1, ("s",), 0.0, 30.0, gpu_type="slow")])
+    validate_plan(ok, profile, cluster)
+    assert Plan.from_json(ok.to_json()) == ok
+    bad = plan([Assignment("a", "ddp", 1, ("f",), 0.0, 30.0, gpu_type="slow")])
+    with pytest.raises(PlanError, match=r"measured on slow on node 'f' of type fast"):
+        validate_plan(bad, profile, cluster)
+    untyped = plan([Assignment("a", "ddp", 1, ("f",), 0.0, 10.0)])
+    with pytest.raises(PlanError, match=r"is not a profiled configuration"):
+        validate_plan(untyped, profile, cluster)
