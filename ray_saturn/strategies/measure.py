@@ -154,7 +154,8 @@ def search_knobs(
     trials: list[Trial] = []
     for knobs in space:
         why = strategy.hardware_reason(knobs, ctx.device)
-        if why:
+        if why:  # kept in the result's trials (never silently dropped) and logged
+            log.info("%s %s on %d GPU(s) with %s is infeasible here: %s", task.name, strategy.name, gpus, knobs, why)
             trials.append(Trial(knobs, None, None, why))
             continue
         err: str | None = None
