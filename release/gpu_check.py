@@ -202,8 +202,8 @@ def _spawn(world: int, args, strategies: list[str], root: str) -> dict[str, Any]
 # ------------------------------------------------------------------ driver side
 def _weights(task, root: str, strategy: str) -> dict[str, torch.Tensor]:
     """A run's final weights, read back on the CPU into a one-process model."""
-    from ray_saturn.checkpoint import latest_checkpoint, load_checkpoint
     from ray_saturn.strategies import WorkerContext, get_strategy
+    from ray_saturn.strategies.checkpoint import latest_checkpoint, load_checkpoint
     from ray_saturn.strategies.introspect import build_model
 
     runner = get_strategy("single").prepare(build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu")))

@@ -27,7 +27,7 @@ ignored (it broadcasts one flat buffer per owner), so it is no knob here;
 
 Checkpoints: the runner's ``optimizer`` is this worker's shard of the
 optimizer (fairscale's ``OSS.optim``), whose state is keyed by the model's
-own parameter names in the DCP checkpoint (see :mod:`ray_saturn.checkpoint`):
+own parameter names in the DCP checkpoint (see :mod:`ray_saturn.strategies.checkpoint`):
 each owner writes the state of its parameters, so together the workers
 write every parameter's state once, and any strategy on any worker count
 reads it; ``zero`` reads anyone's checkpoint the same way (each worker loads
