@@ -215,3 +215,93 @@ def test_no_job_on_a_type_it_has_no_row_for():
     untyped = plan([Assignment("a", "ddp", 1, ("f",), 0.0, 10.0)])
     with pytest.raises(PlanError, match=r"is not a profiled configuration"):
         validate_plan(untyped, profile, cluster)
+
+
+# ----------------------------------------------------------------------------- solver
+def mixed_problem():
+    import random
+
+    rng = random.Random(1)
+    rows = []
+    for i in range(12):
+        steps, base = rng.randint(10, 50), rng.uniform(0.5, 2.0)
+        rows.append(row(task=f"j{i}", gpus=2, step=base / 1.7, steps=steps, gpu_type="fast"))
+        rows.append(row(task=f"j{i}", gpus=1, step=base, steps=steps))
+        if i % 3:
+            share = rng.choice([0.5, 0.25, 0.125])
+            rows.append(
+                row(task=f"j{i}", gpus=share, step=base * 1.6, steps=steps, gpu_type=rng.choice(["fast", "slow"]))
+            )
+    cluster = ClusterSpec(
+        (NodeSpec("f0", 2, gpu_type="fast"), NodeSpec("f1", 2, gpu_type="fast"), NodeSpec("s0", 3, gpu_type="slow"))
+    )
+    return ProfileTable.from_rows(rows), cluster
+
+
+def test_every_policy_packs_shares_on_devices_and_keeps_types():
+    from ray_saturn.solver import policy_names, solve
+
+    profile, cluster = mixed_problem()
+    types = {n.name: n.gpu_type for n in cluster.nodes}
+    for name in policy_names():
+        plan = solve(profile, cluster, name, time_limit_s=1, seed=0)  # validated inside solve
+        validate_plan(Plan.from_json(plan.to_json()), profile, cluster)
+        for a in plan.assignments:
+            assert a.devices is not None and set(a.devices) == set(a.nodes)
+            if a.gpu_type is not None:
+                assert all(types[n] == a.gpu_type for n in a.nodes), (name, a)
+        assert plan.lower_bound_s <= plan.makespan_s
+
+
+def test_exact_packing_model_finds_the_optimum():
+    from ray_saturn.solver import build_problem, solve
+    from ray_saturn.solver.packing_cpsat import solve_packing_cpsat
+
+    # Five jobs on one GPU: whole 6 s, or a quarter share 10 s. Best: four quarters at once, then one whole.
+    rows = [row(task=f"t{i}", gpus=1, step=0.6) for i in range(5)]
+    rows += [row(task=f"t{i}", gpus=0.25, step=1.0) for i in range(5)]
+    profile = ProfileTable.from_rows(rows)
+    problem = build_problem(profile, ClusterSpec.uniform(1, 1))
+    whole = [next(i for i, o in enumerate(opts) if o.gpus == 1) for opts in problem.options]
+    result = solve_packing_cpsat(problem, whole, list(range(5)), horizon_s=30.0, time_limit_s=10.0)
+    assert result.optimal and result.schedule.makespan == pytest.approx(16.0)
+    plan = solve(profile, ClusterSpec.uniform(1, 1), time_limit_s=10)
+    assert plan.makespan_s == pytest.approx(16.0) and plan.status == "optimal"
+    assert sorted(a.gpus for a in plan.assignments) == [0.25] * 4 + [1]
+
+
+def test_typed_lower_bound_counts_capacity_per_type():
+    from ray_saturn.solver import build_problem, lower_bound, solve
+
+    # One fast and one slow GPU; each job 10 s on fast, 30 s on slow. Untyped LP: 10 s; per type: 15 s; optimum 20 s.
+    rows = [row(task=t, gpu_type="fast") for t in ("a", "b")] + [row(task=t, step=3.0, gpu_type="slow") for t in "ab"]
+    profile = ProfileTable.from_rows(rows)
+    cluster = ClusterSpec((NodeSpec("f", 1, gpu_type="fast"), NodeSpec("s", 1, gpu_type="slow")))
+    bound = lower_bound(build_problem(profile, cluster))
+    assert bound.value == pytest.approx(15.0, rel=1e-6)
+    plan = solve(profile, cluster, time_limit_s=5)
+    assert plan.makespan_s == pytest.approx(20.0) and {a.nodes for a in plan.assignments} == {("f",)}
+
+
+def test_a_task_without_a_row_for_any_node_type_is_a_one_line_error():
+    from ray_saturn import InfeasibleError
+    from ray_saturn.solver import solve
+
+    profile = ProfileTable.from_rows([row(task="a", gpu_type="A100")])
+    cluster = ClusterSpec((NodeSpec("t", 4, gpu_type="T4"),))
+    with pytest.raises(InfeasibleError, match=r"task 'a' fits nowhere .*on A100.*types T4\)$"):
+        solve(profile, cluster, time_limit_s=1)
+
+
+def test_unsupported_paths_refuse_shares_and_types():
+    from ray_saturn.sim import SimConfig, simulate
+    from ray_saturn.solver import solve
+
+    profile, cluster = mixed_problem()
+    with pytest.raises(SpecError, match="objective 'completion' does not yet plan shares of one GPU or GPU types"):
+        solve(profile, cluster, objective="completion", time_limit_s=1)
+    with pytest.raises(SpecError, match="does not execute rows measured on a GPU type yet"):
+        simulate(profile, cluster, "saturn-static", SimConfig(noise=0.0))
+    shares_only = ProfileTable.from_rows([row(gpus=0.25)])
+    with pytest.raises(SpecError, match=r"does not execute shares of one GPU yet \(task 'a' has gpus=0.25\)"):
+        simulate(shares_only, ClusterSpec.uniform(1, 1), "saturn-static", SimConfig(noise=0.0))

@@ -50,6 +50,7 @@ from ray_saturn.control.replan import (
     get_replan_policy,
 )
 from ray_saturn.control.state import Placement, Segment, TaskProgress, TaskState
+from ray_saturn.devices import refuse_unexecuted
 from ray_saturn.errors import SaturnError
 from ray_saturn.plan import Plan
 from ray_saturn.profile_table import ProfileTable
@@ -162,6 +163,7 @@ class Controller:
         if solver_time_limit_s <= 0:
             raise SaturnError(f"solver time limit is {solver_time_limit_s} s; give a positive number")
         profile.check_feasible()
+        refuse_unexecuted(profile, "the controller (runtime, simulator, Tune)")
         self.profile = profile
         self.policy = get_replan_policy(policy) if isinstance(policy, str) else policy
         self.restart_s = float(restart_s)

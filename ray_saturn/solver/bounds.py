@@ -35,6 +35,11 @@ until ``u_n``; ``G = sum_n G_n``.
   which stay valid when a task's work is split between options).
 
 The LP also gives fractional allotments that the heuristic rounds.
+
+Shares of one device (``g_o`` = 1/k) count their area in device-shares, so
+every bound above stays valid for them. On a cluster with GPU types the LP
+also takes a capacity line per set of types
+(:mod:`ray_saturn.solver.typed_bound`).
 """
 
 from __future__ import annotations
@@ -163,5 +168,10 @@ def lower_bound(problem: Problem, *, use_lp: bool = True) -> LowerBound:
                 again = _solve_lp(problem, blocked)
                 if again is not None:
                     lp, mix = max(lp, again[0]), again[1]
+    if use_lp and len(set(problem.cluster.gpu_types)) > 1:
+        # GPU types: the same LP with a capacity line per set of types (ray_saturn.solver.typed_bound).
+        from ray_saturn.solver.typed_bound import typed_lp_bound
+
+        lp = max(lp, typed_lp_bound(problem))
     excl = exclusive_bound(problem)
     return LowerBound(max(length, area, lp, excl), length, area, lp, mix, excl)

@@ -62,7 +62,13 @@ def list_schedule(
 
     ``durations`` overrides the options' durations (the CP-SAT model uses
     rounded ones). Running tasks kept in place start at 0 on their nodes.
+    A problem with device shares or GPU types is placed on devices by
+    :func:`~ray_saturn.solver.packing.pack_schedule`.
     """
+    if problem.packing:
+        from ray_saturn.solver.packing import pack_schedule
+
+        return pack_schedule(problem, choice, order, strict=strict, durations=durations)
     dur, opts, free, events, start, nodes, seq = _begin(problem, choice, order, durations)
 
     rank = {t: r for r, t in enumerate(order)}
@@ -142,6 +148,10 @@ def replay_schedule(
     schedule's own nodes and start order never ends a task later than that
     schedule did.
     """
+    if problem.packing:
+        from ray_saturn.solver.packing import pack_schedule
+
+        return pack_schedule(problem, choice, order, nodes_of=nodes_of)
     dur, opts, free, events, start, nodes, seq = _begin(problem, choice, order, None)
     release = problem.release
     queue = [t for t in order if opts[t].pinned_nodes is None]
@@ -196,6 +206,10 @@ def whole_node_schedule(problem: Problem, choice: Sequence[int], order: Sequence
     tasks kept in place start at 0 on their nodes (a node is whole again once
     they end).
     """
+    if problem.packing:
+        from ray_saturn.solver.packing import pack_schedule
+
+        return pack_schedule(problem, choice, order, strict=True, whole_node=True)
     dur, opts, free, events, start, nodes, seq = _begin(problem, choice, order, None)
     caps = [int(c) for c in problem.node_gpus]
     now = 0.0
@@ -378,6 +392,10 @@ def serial_schedule(
     it in priority (conservative back-filling). Node choice: earliest start,
     then the node(s) with the most GPUs already in use then (best fit).
     """
+    if problem.packing:
+        from ray_saturn.solver.packing import pack_schedule
+
+        return pack_schedule(problem, choice, order, durations=durations)
     n = problem.num_tasks
     dur = list(durations) if durations is not None else problem.durations(list(choice))
     opts = [problem.options[t][choice[t]] for t in range(n)]

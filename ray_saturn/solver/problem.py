@@ -46,16 +46,18 @@ class Option:
     duration_s: float
     setup_s: float
     k: int
-    per_node: int
+    per_node: int | float
     pinned_nodes: tuple[int, ...] | None = None
+    #: The node indices of the option's GPU type (a row measured on one type); ``None``: every node.
+    nodes_ok: tuple[int, ...] | None = None
 
     @property
-    def gpus(self) -> int:
+    def gpus(self) -> int | float:
         return self.config.gpus
 
     @property
     def area(self) -> float:
-        """GPU-seconds the option occupies."""
+        """GPU-seconds the option occupies (device-share-seconds for a share of one GPU)."""
         return self.config.gpus * self.duration_s
 
     @property
@@ -71,6 +73,9 @@ class Schedule:
     start: list[float]
     nodes: list[tuple[int, ...]]
     durations: list[float] = field(default_factory=list)
+    #: Per task, node index -> ((device, share), ...): set by device-level packing
+    #: (:mod:`ray_saturn.solver.packing`), ``None`` for whole GPUs on untyped nodes.
+    devices: list[dict[int, tuple[tuple[int, float], ...]]] | None = None
 
     @property
     def makespan(self) -> float:
@@ -90,6 +95,12 @@ class Problem:
     profile: ProfileTable
     cluster: ClusterSpec
     context: PlanningContext
+
+    @property
+    def packing(self) -> bool:
+        """True when some option shares a device or runs only on one GPU type: schedules then place
+        tasks on devices (:mod:`ray_saturn.solver.packing`)."""
+        return any(o.config.gpus < 1 or o.nodes_ok is not None for opts in self.options for o in opts)
 
     @property
     def num_tasks(self) -> int:
@@ -212,6 +223,9 @@ class Problem:
         for t, name in enumerate(self.tasks):
             opt = self.options[t][sched.option[t]]
             start = float(sched.start[t])
+            devices = None
+            if sched.devices is not None:
+                devices = {self.node_names[n]: ds for n, ds in sched.devices[t].items()}
             assignments.append(
                 Assignment(
                     task=name,
@@ -221,6 +235,8 @@ class Problem:
                     start_s=start,
                     end_s=start + opt.duration_s,
                     setup_s=opt.setup_s,
+                    devices=devices,
+                    gpu_type=opt.config.gpu_type,
                 )
             )
         makespan = max((a.end_s for a in assignments), default=0.0)
@@ -234,7 +250,8 @@ BOUND_TOL = 1e-9
 
 
 def _dominates(a: Option, b: Option) -> bool:
-    return a.k == b.k and a.duration_s <= b.duration_s and a.gpus <= b.gpus
+    same_nodes = a.nodes_ok is None or a.nodes_ok == b.nodes_ok  # a runs wherever b does
+    return a.k == b.k and a.duration_s <= b.duration_s and a.gpus <= b.gpus and same_nodes
 
 
 def _prune(options: list[Option]) -> list[Option]:
@@ -294,19 +311,27 @@ def build_problem(
         for cfg in profile.configs(name):
             if not cfg.feasible:
                 continue
-            per_node = cfg.gpus // cfg.nodes
+            per_node = cfg.gpus_per_node
+            nodes_ok = None
+            if cfg.gpu_type is not None:
+                # A row measured on one GPU type runs only on nodes of that type.
+                nodes_ok = tuple(i for i, n in enumerate(cluster.nodes) if n.gpu_type == cfg.gpu_type)
+                caps_ok = sorted((int(node_gpus[i]) for i in nodes_ok), reverse=True)
+                if cfg.nodes > len(caps_ok) or caps_ok[cfg.nodes - 1] < per_node:
+                    why.append(f"{cfg.strategy}/{cfg.gpus} GPUs/{cfg.nodes} node(s) on {cfg.gpu_type}")
+                    continue
             runtime = cfg.runtime_s  # start-up included: a segment launched on it starts afresh
             if run is not None and (cfg.strategy, cfg.gpus, cfg.nodes) == (run.strategy, run.gpus, len(run.nodes)):
                 # Kept where it runs: it started already, only its steps are left.
                 pinned = tuple(node_index[n] for n in run.nodes)
-                opts.append(Option(cfg, cfg.train_s, 0.0, cfg.nodes, per_node, pinned))
+                opts.append(Option(cfg, cfg.train_s, 0.0, cfg.nodes, per_node, pinned, nodes_ok))
             if run is not None and not run.movable:
                 continue
             if cfg.nodes > len(node_gpus) or sorted_caps[cfg.nodes - 1] < per_node:
                 why.append(f"{cfg.strategy}/{cfg.gpus} GPUs/{cfg.nodes} node(s)")
                 continue
             setup = run.restart_s if run is not None else 0.0
-            opts.append(Option(cfg, setup + runtime, setup, cfg.nodes, per_node))
+            opts.append(Option(cfg, setup + runtime, setup, cfg.nodes, per_node, None, nodes_ok))
         if run is not None and not any(o.pinned for o in opts):
             raise ProfileError(
                 f"running task {name!r} has no profile row for its current configuration "
@@ -320,8 +345,10 @@ def build_problem(
                 )
             raise InfeasibleError(
                 f"task {name!r} fits nowhere on this cluster: its configurations "
-                f"({', '.join(why[:4])}) need more GPUs per node or more nodes than the "
-                f"cluster has ({len(node_gpus)} nodes, at most {int(sorted_caps[0])} GPUs each)"
+                f"({', '.join(why[:4])}) need more GPUs per node or more nodes (of their GPU type) than the "
+                f"cluster has ({len(node_gpus)} nodes, at most {int(sorted_caps[0])} GPUs each"
+                + (f", types {', '.join(sorted({str(x) for x in cluster.gpu_types}))})" if any(cluster.gpu_types)
+                   else ")")
             )
         options.append(_prune(opts) if prune else opts)
     release = np.array([ctx.release(t) for t in tasks], dtype=float)

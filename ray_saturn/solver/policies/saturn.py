@@ -20,6 +20,7 @@ from ray_saturn.solver.decompose import decomposed_start
 from ray_saturn.solver.heuristic import heuristic_schedule
 from ray_saturn.solver.listsched import list_schedule, replay_schedule
 from ray_saturn.solver.objective import parse_objective, task_weights
+from ray_saturn.solver.packing_cpsat import MAX_DEVICE_INTERVALS, device_intervals, solve_packing_cpsat
 from ray_saturn.solver.policy import Policy, PolicyResult, get_policy, register_policy
 from ray_saturn.solver.problem import Problem, Schedule
 
@@ -97,9 +98,12 @@ class SaturnPolicy(Policy):
             baselines += [replay_schedule(problem, choice, order, nodes_of), list_schedule(problem, choice, order)]
         n_intervals = sum(len(o) for o in problem.options) * problem.num_nodes
         exact = n_intervals <= MAX_INTERVALS
+        if problem.packing:  # shares or GPU types: the device-level model, never a decomposition
+            n_intervals = device_intervals(problem)
+            exact = n_intervals <= MAX_DEVICE_INTERVALS
         share = min(5.0, 0.2 * time_limit_s) if exact else time_limit_s
         pop = None
-        if not exact:  # too big for the exact model: on very large clusters, start from a decomposition
+        if not exact and not problem.packing:  # too big for the exact model: start from a decomposition
             pop = decomposed_start(problem, bound, self.solve_part, time_limit_s=time_limit_s, seed=seed,
                                    deterministic=self.deterministic, on_schedule=seen)
             if pop is not None and pop.makespan <= bound.value * (1 + 1e-9):
@@ -124,7 +128,8 @@ class SaturnPolicy(Policy):
         if remaining < 0.05 and not self.deterministic:
             return PolicyResult(best)
         budget = time_limit_s - share if self.deterministic else remaining
-        result = solve_cpsat(problem, heur.choice, heur.order, horizon_s=best.makespan, time_limit_s=budget,
+        exact_model = solve_packing_cpsat if problem.packing else solve_cpsat
+        result = exact_model(problem, heur.choice, heur.order, horizon_s=best.makespan, time_limit_s=budget,
                              seed=seed, on_schedule=seen, deterministic=self.deterministic)
         if result is None:
             return PolicyResult(best)
@@ -138,6 +143,11 @@ class SaturnPolicy(Policy):
     def _solve_completion(self, problem, bound, *, time_limit_s, seed, on_schedule):
         """``completion`` / ``online``: :func:`~ray_saturn.solver.completion.completion_search`, with the
         baselines' schedules (and, for ``online``, a short makespan search) as makespan references."""
+        if problem.packing:
+            raise SpecError(
+                f"objective {self.options.objective!r} does not yet plan shares of one GPU or GPU types; "
+                "use objective 'makespan' (the default) for profiles with gpus < 1 or gpu_type"
+            )
         reference = [
             get_policy(name).solve(problem, bound, time_limit_s=0, seed=seed).schedule for name in SEED_BASELINES
         ]
