@@ -305,3 +305,30 @@ def test_unsupported_paths_refuse_shares_and_types():
     shares_only = ProfileTable.from_rows([row(gpus=0.25)])
     with pytest.raises(SpecError, match=r"does not execute shares of one GPU yet \(task 'a' has gpus=0.25\)"):
         simulate(shares_only, ClusterSpec.uniform(1, 1), "saturn-static", SimConfig(noise=0.0))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_lower_bounds_never_exceed_the_exact_packing_optimum(seed):
+    import random
+
+    from ray_saturn.solver import build_problem, lower_bound
+    from ray_saturn.solver.packing_cpsat import solve_packing_cpsat
+    from ray_saturn.solver.threshold_bound import threshold_area_bound
+
+    rng = random.Random(seed)
+    rows = []
+    for i in range(5):
+        whole = rng.randint(2, 9)
+        rows.append(row(task=f"t{i}", gpus=1, step=float(whole), steps=1))
+        if rng.random() < 0.5:
+            rows.append(row(task=f"t{i}", gpus=2, step=float(max(1, whole * 6 // 10)), steps=1))
+        share = rng.choice([0.5, 0.25])
+        rows.append(row(task=f"t{i}", gpus=share, step=float(rng.randint(whole, 2 * whole)), steps=1))
+    cluster = ClusterSpec.from_dict({"nodes": [{"name": "a", "gpus": 2, "gpu_type": "x"}, {"name": "b", "gpus": 1}]})
+    problem = build_problem(ProfileTable.from_rows(rows), cluster)
+    horizon = sum(max(o.duration_s for o in opts) for opts in problem.options)
+    result = solve_packing_cpsat(problem, [0] * 5, list(range(5)), horizon_s=horizon, time_limit_s=20.0)
+    assert result is not None and result.optimal
+    bound = lower_bound(problem)
+    assert bound.value <= result.schedule.makespan + 1e-9
+    assert threshold_area_bound(problem) <= result.schedule.makespan + 1e-9

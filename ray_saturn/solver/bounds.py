@@ -174,4 +174,9 @@ def lower_bound(problem: Problem, *, use_lp: bool = True) -> LowerBound:
 
         lp = max(lp, typed_lp_bound(problem))
     excl = exclusive_bound(problem)
+    if problem.packing:
+        # Plans of shares of one device: each task pays its whole option or its share (threshold_bound).
+        from ray_saturn.solver.threshold_bound import threshold_area_bound
+
+        excl = max(excl, threshold_area_bound(problem))
     return LowerBound(max(length, area, lp, excl), length, area, lp, mix, excl)
