@@ -37,8 +37,8 @@ sys.path.insert(0, str(HERE))
 import pollux  # noqa: E402
 
 from ray_saturn import ClusterSpec, ProfileTable, validate_plan  # noqa: E402
-from ray_saturn.spec import NodeSpec  # noqa: E402
 from ray_saturn.solver import solve  # noqa: E402
+from ray_saturn.spec import NodeSpec  # noqa: E402
 
 APPS = ["cifar10", "ncf"]
 JOBS = 64
