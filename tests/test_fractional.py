@@ -332,3 +332,40 @@ def test_lower_bounds_never_exceed_the_exact_packing_optimum(seed):
     bound = lower_bound(problem)
     assert bound.value <= result.schedule.makespan + 1e-9
     assert threshold_area_bound(problem) <= result.schedule.makespan + 1e-9
+
+
+# ----------------------------------------------------------------------------- CLI
+def test_cli_plans_shares_and_types_and_refuses_to_simulate_them(capsys, tmp_path):
+    import json
+
+    from ray_saturn.cli import main
+
+    prof = tmp_path / "p.csv"
+    prof.write_text(
+        "task,strategy,gpus,step_time_s,steps,gpu_type\n"
+        "a,ddp,1,1.0,100,fast\na,ddp,1,2.5,100,slow\n"
+        "b,single,1/4,1.8,100,\nb,ddp,1,1.0,100,\n"
+        + "".join(f"c{i},single,1/4,1.5,100,\nc{i},ddp,1,1.0,100,\n" for i in range(4))
+    )
+    cluster = tmp_path / "c.json"
+    cluster.write_text(
+        json.dumps(
+            {"nodes": [{"name": "f", "gpus": 1, "gpu_type": "fast"}, {"name": "s", "gpus": 1, "gpu_type": "slow"}]}
+        )
+    )
+    code = main(["plan", str(prof), "--cluster", str(cluster), "--json", "--time-limit", "5"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    data = json.loads(out)
+    plan = Plan.from_dict(data)
+    validate_plan(plan, ProfileTable.read(prof), ClusterSpec.from_json(cluster))
+    assert all("devices" in a for a in data["assignments"])
+    assert plan.assignment("a").gpu_type == "fast" and plan.assignment("a").nodes == ("f",)
+    assert sum(a.gpus == 0.25 for a in plan.assignments) >= 3  # quarters share the slow node's device
+    code = main(["simulate", str(prof), "--cluster", str(cluster)])
+    out, err = capsys.readouterr()
+    assert code == 2 and "does not execute rows measured on a GPU type yet" in err and err.count("\n") == 1
+    prof.write_text("task,strategy,gpus,step_time_s,steps\na,single,0.3,1.0,100\n")
+    code = main(["plan", str(prof), "--nodes", "1", "--gpus-per-node", "1"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "row 1: gpus is 0.3; give a whole number >= 1, or a share" in err
