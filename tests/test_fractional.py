@@ -369,3 +369,27 @@ def test_cli_plans_shares_and_types_and_refuses_to_simulate_them(capsys, tmp_pat
     code = main(["plan", str(prof), "--nodes", "1", "--gpus-per-node", "1"])
     out, err = capsys.readouterr()
     assert code == 2 and "row 1: gpus is 0.3; give a whole number >= 1, or a share" in err
+
+
+def test_run_and_emulate_refuse_shares_before_any_cluster_starts(capsys, tmp_path):
+    import torch
+
+    from ray_saturn import Task
+    from ray_saturn.cli import main
+    from ray_saturn.runtime.api import _check_profile
+
+    prof = tmp_path / "p.csv"
+    prof.write_text("task,strategy,gpus,step_time_s,steps\na,single,1/2,1.0,10\na,single,1,0.8,10\n")
+    code = main(["emulate", str(prof), "--nodes", "1", "--gpus-per-node", "1", "--time-scale", "0.01"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "ray-saturn emulate does not execute shares of one GPU yet (task 'a' has gpus=0.5)" in err
+    task = Task(
+        "a",
+        model=lambda hp: torch.nn.Linear(2, 1),
+        data=lambda hp: [],
+        loss=lambda o, b: o.sum(),
+        optimizer=lambda p, hp: torch.optim.SGD(p, lr=0.1),
+        max_steps=10,
+    )
+    with pytest.raises(SpecError, match=r"^ray_saturn.run does not execute shares of one GPU yet"):
+        _check_profile(ProfileTable.read(prof), [task])

@@ -94,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
     )
     profile = ProfileTable.read(args.profile)
     profile.check_feasible()
+    from ray_saturn.devices import refuse_unexecuted
+
+    refuse_unexecuted(profile, "ray-saturn emulate")
     build_problem(profile, ClusterSpec.uniform(args.nodes, args.gpus_per_node))
     out = emulate(
         profile,
