@@ -7,7 +7,7 @@ Every run trains the same 8 tasks for real with ``ray_saturn.run``
 ``saturn-replan``, ``fifo-max-gpus`` (every task on the most GPUs it can
 use, first come first served) and ``fifo-whole-node`` (literally one whole
 node per task). GPT-style models and CNNs of different sizes and lengths
-(each trains for 60-70 s on one logical GPU here), one of them a wide GPT
+(each trains for 60-70 s here: on one logical GPU, the wide GPT on two), one of them a wide GPT
 whose model and Adam state exceed the memory budget per GPU, so it must be
 sharded (``fsdp``).
 
@@ -66,13 +66,13 @@ def workload(scale: float = 1.0) -> list[Task]:
     tasks += [
         gpt_task(width=w, depth=2, heads=4, context=64, batch_size=16, lr=lr, max_steps=n(s),
                  strategies=STRATEGIES, name=f"gpt-w{w}-lr{lr:g}")
-        for w, lr, s in ((64, 1e-3, 2750), (64, 3e-3, 3000), (128, 1e-3, 1600))
+        for w, lr, s in ((64, 1e-3, 1900), (64, 3e-3, 2000), (128, 1e-3, 1000))
     ]
     tasks += [
         cnn_task(channels=c, lr=lr, size=size, batch_size=b, max_steps=n(s), strategies=STRATEGIES,
                  name=f"cnn-c{c}-lr{lr:g}")
-        for c, size, b, lr, s in ((8, 24, 32, 3e-3, 5600), (8, 24, 32, 1e-2, 6200),
-                                  (32, 32, 64, 3e-3, 1060), (32, 32, 64, 1e-2, 1150))
+        for c, size, b, lr, s in ((8, 24, 32, 3e-3, 4600), (8, 24, 32, 1e-2, 4900),
+                                  (32, 32, 64, 3e-3, 930), (32, 32, 64, 1e-2, 980))
     ]
     return tasks
 

@@ -167,8 +167,10 @@ def test_policy_registry_and_triggers():
     assert EventReplan().wants_replan(off, ReplanView())
     p = TaskProgress("a", 10, state=TaskState.FINISHED)
     p.segments.append(Segment(Placement("ddp", 1, ("n0",)), 0.0, end_s=100.0))
-    assert EventReplan().wants_replan(TaskFinished(time_s=100.0, task="a"), ReplanView(p, 105.0)) is None
-    assert EventReplan().wants_replan(TaskFinished(time_s=100.0, task="a"), ReplanView(p, 150.0))
+    assert EventReplan().wants_replan(TaskFinished(time_s=100.0, task="a"), ReplanView(p, 105.0, queued=1)) is None
+    assert EventReplan().wants_replan(TaskFinished(time_s=100.0, task="a"), ReplanView(p, 150.0, queued=1))
+    # Nothing waits to start: an early finish changes no decision (idle GPUs raise GpusIdle).
+    assert EventReplan().wants_replan(TaskFinished(time_s=100.0, task="a"), ReplanView(p, 150.0)) is None
     per = PeriodicReplan(interval_s=50.0)
     assert per.next_tick_s(10.0, 1000.0) == 60.0
     assert PeriodicReplan().next_tick_s(0.0, 1000.0) == pytest.approx(100.0)
@@ -181,8 +183,8 @@ def test_event_replan_finish_drift_is_relative_to_the_plan_horizon():
     p.segments.append(Segment(Placement("ddp", 1, ("n0",)), 0.0, end_s=1050.0))
     late = TaskFinished(time_s=1050.0, task="a")
     assert EventReplan().wants_replan(late, ReplanView(p, 1000.0)) is None  # no plan horizon known
-    assert "finished +50 s" in EventReplan().wants_replan(late, ReplanView(p, 1000.0, 0.0, 1000.0))
-    assert EventReplan(horizon_drift=0.1).wants_replan(late, ReplanView(p, 1000.0, 0.0, 1000.0)) is None
+    assert "finished +50 s" in EventReplan().wants_replan(late, ReplanView(p, 1000.0, 0.0, 1000.0, queued=1))
+    assert EventReplan(horizon_drift=0.1).wants_replan(late, ReplanView(p, 1000.0, 0.0, 1000.0, queued=1)) is None
     idle = GpusIdle(time_s=5.0, node="n0", gpus=2, busy_for_s=100.0)
     assert "idle on n0" in EventReplan().wants_replan(idle, ReplanView())
     assert StaticReplan().wants_replan(idle, ReplanView()) is None

@@ -84,7 +84,8 @@ def test_off_estimate_replans_and_moves_with_reasons(tmp_path):
     # t0 runs 3x slower than profiled on every configuration: the driver re-plans and moves.
     slow = FakeLauncher(true_step_time=lambda s: s.step_time_s * (3.0 if s.task == "t0" else 1.0))
     prof = profile(n=4, steps=200, gpus=(1, 2))
-    d, _, _ = make(tmp_path, prof=prof, launcher=slow, restart_s=1.0)
+    # The fake reports once per driver poll (2 s here): 3 of them span what 10 of a real run do (5 s).
+    d, _, _ = make(tmp_path, prof=prof, launcher=slow, restart_s=1.0, min_reports=3)
     result = d.run(max_steps=10_000)
     assert result.state == "finished"
     events = RunStorage(tmp_path).read_jsonl(EVENTS_FILE)

@@ -106,6 +106,11 @@ def test_one_event_per_drift_and_the_tolerance_decides():
     for i in range(21, 41):
         ctl.report_progress("a", 10 * i, 13.0 * i, step_time_s=1.7)
     assert len(ctl.replans) == 3
+    # Near its end, the measured rate's jitter (18% here) moves the end by less than 2% of the
+    # horizon: against a measured estimate, the tolerance alone no longer re-plans.
+    for i in range(1, 21):
+        ctl.report_progress("a", 980 + i // 2, 700.0 + i, step_time_s=2.0)  # 18% slow, 10 steps left
+    assert len(ctl.replans) == 3, [r.reasons for r in ctl.replans]
     loose = Controller(prof, ClusterSpec.uniform(1, 2), EventReplan(tolerance=0.5, horizon_drift=1.0),
                        solver_time_limit_s=1)
     loose.start(0.0)
@@ -129,8 +134,9 @@ def test_noisy_reports_do_not_cause_a_replan_storm():
 
 
 def test_drift_replans_are_rate_bounded_but_finishes_are_not():
+    # "d" waits for a GPU, so a finish far from its planned end re-plans.
     prof = ProfileTable.from_rows(
-        [{"task": t, "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 100} for t in "abc"]
+        [{"task": t, "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 100} for t in "abcd"]
     )
     ctl = Controller(prof, ClusterSpec.uniform(1, 3), "saturn-replan", solver_time_limit_s=1, restart_s=1e6,
                      drift_replan_gap_s=50.0)
@@ -142,6 +148,16 @@ def test_drift_replans_are_rate_bounded_but_finishes_are_not():
     ctl.handle(TaskFinished(time_s=20.0, task="c"))  # a finish re-plans at once, taking the drift along
     assert len(ctl.replans) == 2 and len(ctl.replans[-1].reasons) >= 2
     assert ctl.state("c").state is TaskState.FINISHED
+
+
+def test_a_finish_with_nothing_waiting_does_not_replan():
+    prof = ProfileTable.from_rows(
+        [{"task": t, "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 100} for t in "ab"]
+    )
+    ctl = Controller(prof, ClusterSpec.uniform(1, 2), "saturn-replan", solver_time_limit_s=1, restart_s=1e6)
+    ctl.start(0.0)
+    ctl.handle(TaskFinished(time_s=60.0, task="a"))  # 40 s early, but no task waits for its GPU
+    assert len(ctl.replans) == 1 and ctl.state("a").state is TaskState.FINISHED
 
 
 def test_fake_run_with_start_up_realises_its_plan(tmp_path):

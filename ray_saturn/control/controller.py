@@ -405,6 +405,7 @@ class Controller:
             planned.end_s if planned else None,
             self.plan_made_s if self.plan is not None else None,
             plan_end,
+            sum(p.state is TaskState.QUEUED for p in self.tasks.values()),
         )
 
     def _replan_if_due(self, now: float) -> list[Action]:

@@ -28,11 +28,12 @@ same solver through the controller:
   running task;
 - ``saturn-replan``: also re-plans on the events that make the plan stale:
   a task runs more than 10% off its estimate, or off enough to move its end
-  by more than 2% of the plan's horizon; a task finishes away from its
-  planned end by more than 10% of its planned run or 2% of the plan's
-  horizon; GPUs fall idle with no queued task planned on their node while
-  other tasks run on (:class:`~ray_saturn.control.events.GpusIdle`); a node
-  is added. It may move running tasks;
+  by more than 2% of the plan's horizon (once found off, its measured rate
+  is the estimate, and it re-plans again only when both hold); a task
+  finishes away from its planned end by more than 10% of its planned run
+  or 2% of the plan's horizon while other tasks wait to start; GPUs fall
+  idle with no queued task planned on their node while other tasks run on
+  (:class:`~ray_saturn.control.events.GpusIdle`); a node is added. It may move running tasks;
 - ``saturn-periodic``: also re-plans every ``interval_s`` (as the original
   Saturn did); may move running tasks.
 
@@ -80,13 +81,15 @@ class ReplanView:
 
     ``task`` is the event's task, if any, and ``planned_end_s`` its end in the
     current plan; ``plan_made_s`` and ``plan_end_s`` are when the current plan
-    was made and when it ends (its makespan), ``None`` before the first plan.
+    was made and when it ends (its makespan), ``None`` before the first plan;
+    ``queued`` how many tasks wait to start.
     """
 
     task: TaskProgress | None = None
     planned_end_s: float | None = None
     plan_made_s: float | None = None
     plan_end_s: float | None = None
+    queued: int = 0
 
 
 @dataclass(frozen=True)
@@ -204,11 +207,15 @@ class ReplanPolicy(ABC):
         """Whether a task whose measured step time is ``relative_error`` off its estimate (beyond
         the measurement's noise), moving its end by ``end_shift_s``, is off its estimate: more than
         ``tolerance``, or, against the plan's own estimate, by more than ``horizon_drift`` x
-        ``horizon_s``; against an estimate that is itself a measurement (``measured_estimate``)
-        only the ``tolerance`` counts. The controller raises :class:`TaskOffEstimate` then."""
-        if relative_error > self.tolerance:
-            return True
-        return not measured_estimate and end_shift_s > self.horizon_drift * horizon_s
+        ``horizon_s``. Against an estimate that is itself a measurement (``measured_estimate``:
+        the task was found off once already) it must be both, so a short task's jitter around
+        its measured rate, which moves no end by much, re-plans no more. The controller raises
+        :class:`TaskOffEstimate` then."""
+        beyond_tolerance = relative_error > self.tolerance
+        moves_the_end = end_shift_s > self.horizon_drift * horizon_s
+        if measured_estimate:
+            return beyond_tolerance and moves_the_end
+        return beyond_tolerance or moves_the_end
 
     def next_tick_s(self, last_plan_s: float, first_makespan_s: float) -> float | None:
         """The next time the controller should wake up to re-plan (``None``: never)."""
@@ -263,6 +270,8 @@ class EventReplan(ReplanPolicy):
         if isinstance(event, GpusIdle):
             return f"{event.gpus} GPU(s) idle on {event.node}, others busy {event.busy_for_s:.0f} s more"
         task, planned_end = view.task, view.planned_end_s
+        if isinstance(event, TaskFinished) and view.queued == 0:
+            return None  # nothing waits for its GPUs; running tasks that could use them raise GpusIdle
         if isinstance(event, TaskFinished) and task is not None and planned_end is not None and task.segments:
             off = event.time_s - planned_end
             allowed = self.tolerance * max(1e-9, planned_end - task.segments[0].start_s)

@@ -61,8 +61,9 @@ class DriverConfig:
     min_replan_gap_s: float = 0.0
     drift_replan_gap_s: float = 0.0
     drift_replan_gap_fraction: float = defaults.DRIFT_REPLAN_GAP_FRACTION
-    #: step-time reports of a segment before it may be judged off its estimate (real ones are noisy)
-    min_reports: int = 3
+    #: step-time reports of a segment before it may be judged off its estimate (real ones are
+    #: noisy: 10 reports at the reporter's 0.5 s are 5 s of a segment's steps)
+    min_reports: int = 10
     poll_wall_s: float = 0.2
     node_check_wall_s: float = 1.0
     persist_wall_s: float = 1.0
@@ -106,6 +107,7 @@ def emulation_config(
         restart_s=1.0 / time_scale,
         solver_time_limit_s=solver_time_limit_s,
         poll_wall_s=0.1,
+        min_reports=3,
     )
 
 
