@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ray_saturn import ClusterSpec, PlanError, ProfileError, ProfileTable, validate_plan
+from ray_saturn import ClusterSpec, PlanError, ProfileError, ProfileTable, SaturnError, validate_plan
 from ray_saturn.context import PlanningContext, RunningTask
 from ray_saturn.control import Controller, EventReplan, TaskFinished, TaskState, get_replan_policy
 from ray_saturn.plan import Assignment, Plan
@@ -148,6 +148,21 @@ def test_drift_replans_are_rate_bounded_but_finishes_are_not():
     ctl.handle(TaskFinished(time_s=20.0, task="c"))  # a finish re-plans at once, taking the drift along
     assert len(ctl.replans) == 2 and len(ctl.replans[-1].reasons) >= 2
     assert ctl.state("c").state is TaskState.FINISHED
+
+
+def test_a_run_judges_drift_within_the_measurement_window():
+    from ray_saturn.control.state import RECENT_REPORTS
+
+    assert 1 <= DriverConfig().min_reports <= RECENT_REPORTS
+    prof = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 1000}])
+    with pytest.raises(SaturnError, match="min_reports"):
+        Controller(prof, ClusterSpec.uniform(1, 1), "saturn-replan", min_reports=RECENT_REPORTS + 1)
+    ctl = Controller(prof, ClusterSpec.uniform(1, 1), "saturn-replan", solver_time_limit_s=1,
+                     min_reports=DriverConfig().min_reports)
+    ctl.start(0.0)
+    for i in range(1, DriverConfig().min_reports + 1):
+        ctl.report_progress("a", 10 * i, 16.0 * i, step_time_s=1.6)
+    assert len(ctl.replans) == 2 and "runs at 1.6" in ctl.replans[-1].reasons[0]
 
 
 def test_a_finish_with_nothing_waiting_does_not_replan():

@@ -49,7 +49,7 @@ from ray_saturn.control.replan import (
     build_replan_input,
     get_replan_policy,
 )
-from ray_saturn.control.state import Placement, Segment, TaskProgress, TaskState
+from ray_saturn.control.state import RECENT_REPORTS, Placement, Segment, TaskProgress, TaskState
 from ray_saturn.devices import refuse_unexecuted
 from ray_saturn.errors import SaturnError
 from ray_saturn.plan import Plan
@@ -173,8 +173,11 @@ class Controller:
         self._min_gap_fraction = min_replan_gap_fraction
         self._drift_gap_s = drift_replan_gap_s
         self._drift_gap_fraction = drift_replan_gap_fraction
-        if min_reports < 1:
-            raise SaturnError(f"min_reports is {min_reports}; give at least 1")
+        if not 1 <= min_reports <= RECENT_REPORTS:
+            raise SaturnError(
+                f"min_reports is {min_reports}; give 1 to {RECENT_REPORTS} (a task's measured step time "
+                f"is the mean of its last {RECENT_REPORTS} reports, so more could never be judged)"
+            )
         self.min_reports = int(min_reports)
         self._on_plan = on_plan
         if max_replan_tasks is not None and max_replan_tasks < 1:

@@ -62,8 +62,9 @@ class DriverConfig:
     drift_replan_gap_s: float = 0.0
     drift_replan_gap_fraction: float = defaults.DRIFT_REPLAN_GAP_FRACTION
     #: step-time reports of a segment before it may be judged off its estimate (real ones are
-    #: noisy: 10 reports at the reporter's 0.5 s are 5 s of a segment's steps)
-    min_reports: int = 10
+    #: noisy: 8 reports at the reporter's 0.5 s are 4 s of a segment's steps; at most
+    #: :data:`~ray_saturn.control.state.RECENT_REPORTS`, the window the measurement is the mean of)
+    min_reports: int = 8
     poll_wall_s: float = 0.2
     node_check_wall_s: float = 1.0
     persist_wall_s: float = 1.0
