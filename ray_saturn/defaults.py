@@ -10,6 +10,9 @@
 - :data:`DRIFT_REPLAN_GAP_FRACTION`: a run re-plans for drift (a task off its
   estimate, idle GPUs) at most once per this fraction of its first plan's
   makespan; finishes, failures, arrivals and node changes re-plan at once.
+- :data:`LEASE_HEARTBEAT_S`: seconds between heartbeats of a run folder's lock.
+- :data:`LEASE_STALE_S`: a lock not renewed for this long belongs to a dead run
+  (on the owner's own machine a dead owner is recognised at once by its process).
 
 Example:
     >>> from ray_saturn import defaults
@@ -23,6 +26,8 @@ __all__ = [
     "CHECKPOINT_INTERVAL_S",
     "DRIFT_REPLAN_GAP_FRACTION",
     "EMULATE_SOLVER_TIME_LIMIT_S",
+    "LEASE_HEARTBEAT_S",
+    "LEASE_STALE_S",
     "POLICY",
     "RESTART_S",
     "SOLVER_TIME_LIMIT_S",
@@ -34,3 +39,5 @@ RESTART_S = 30.0
 SOLVER_TIME_LIMIT_S = 10.0
 EMULATE_SOLVER_TIME_LIMIT_S = 2.0
 DRIFT_REPLAN_GAP_FRACTION = 0.05
+LEASE_HEARTBEAT_S = 5.0
+LEASE_STALE_S = 60.0

@@ -119,10 +119,13 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"{t['task']:<20} {t['state']:<9} {t['steps_done']:>8}/{t['total_steps']:<8} {segs}")
     planned = out["planned_makespan_s"]
+    ratio = f" ({out['realised_makespan_s'] / planned:.3f}x)" if planned else ""
     print(
-        f"planned makespan {planned:.0f} s, realised {out['realised_makespan_s']:.0f} s "
-        f"({out['realised_makespan_s'] / planned:.3f}x), {out['replans']} re-plan(s), "
+        f"planned makespan {'-' if planned is None else f'{planned:.0f} s'}, "
+        f"realised {out['realised_makespan_s']:.0f} s{ratio}, {out['replans']} re-plan(s), "
         f"{out['moves']} move(s), median launch latency {out['launch_latency_s']} s, "
         f"wall {out['wall_s']:.0f} s"
     )
+    if out["state"] != "finished":
+        print(f"run {out['state']}: {out.get('reason') or 'see the tasks above'}")
     return 0 if out["state"] == "finished" else 1

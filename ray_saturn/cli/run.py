@@ -88,4 +88,5 @@ def print_result(result, *, as_json: bool) -> None:
     print(
         f"run {result.state}: makespan {result.realised_makespan_s:.0f} s{planned}, "
         f"{result.replans} re-plan(s), {result.moves} move(s)"
+        + (f": {result.reason}" if result.state != "finished" and result.reason else "")
     )

@@ -1,4 +1,11 @@
-"""``ray-saturn status STORAGE``: each task's state, strategy, GPUs, progress and ETA."""
+"""``ray-saturn status STORAGE``: each task's state, strategy, GPUs, progress and ETA.
+
+The first line says whether the run's driver lives (the run folder's lock
+and its heartbeat): a run that is not over and whose driver has not been
+seen says for how long, and that ``ray-saturn resume STORAGE`` continues it.
+A damaged ``state.json`` falls back to its backup, and a missing one to what
+the events show; the status says which it shows.
+"""
 
 from __future__ import annotations
 
@@ -30,8 +37,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     tasks = state.get("tasks", {})
     w = max([4] + [len(t) for t in tasks])
+    print(state["driver"]["note"])
+    source = state.get("state_source")
+    if source != "state.json":
+        problems = "; ".join(state.get("state_problems") or [])
+        shown = f"showing {source}" if source else "no state to show yet"
+        print(f"state: {problems + '; ' if problems else ''}{shown}")
     print(
-        f"driver: {state.get('driver_state')}  t={state.get('time_s', 0):.0f} s  "
+        f"run: {state.get('driver_state')}  t={state.get('time_s', 0):.0f} s  "
         f"re-plans {state.get('replans', 0)}  moves {state.get('moves', 0)}"
         + (f"  ({state['reason']})" if state.get("reason") else "")
     )

@@ -24,11 +24,23 @@ from ray_saturn.profile_table import ProfileTable
 from ray_saturn.runtime.config import RunSettings
 from ray_saturn.runtime.journal import Journal
 from ray_saturn.runtime.launcher import on_head_node
-from ray_saturn.runtime.records import TaskRecord
+from ray_saturn.runtime.lease import RunLease, live_owner, locked_error
+from ray_saturn.runtime.records import DriverResult, TaskRecord
 from ray_saturn.runtime.storage import RunStorage, StorageError
 from ray_saturn.spec import ClusterSpec, Task
 
-__all__ = ["DRIVER_NAMESPACE", "DriverActor", "connected", "driver_name", "prepare_run", "start_driver"]
+__all__ = [
+    "DRIVER_NAMESPACE",
+    "DriverActor",
+    "DriverLost",
+    "check_new_run_folder",
+    "connected",
+    "driver_name",
+    "end_orphaned_driver",
+    "prepare_run",
+    "start_driver",
+    "wait_for_driver",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -140,16 +152,88 @@ def connected() -> Iterator[None]:
         ray.shutdown()
 
 
-def prepare_run(storage: RunStorage, settings: RunSettings, profile: ProfileTable) -> None:
-    """Write a new run's settings and profile into its folder (refusing a folder that holds a run)."""
-    journal = Journal(storage)
-    if journal.has_state():
+def check_new_run_folder(storage: RunStorage, *, ours: RunLease | None = None) -> None:
+    """Refuse a folder that already holds a run (its settings, state or events), in one line
+    (naming its owner while that run is live and ``ours`` is not the lease it holds)."""
+    if Journal(storage).holds_run():
+        owner = live_owner(storage)
+        if owner is not None and (ours is None or owner.owner != ours.info.owner):
+            raise locked_error(storage, owner)
         raise StorageError(
-            f"{storage.uri} already holds a run; resume it with `ray-saturn resume {storage.uri}` "
+            f"{storage.display} already holds a run; resume it with `ray-saturn resume {storage.display}` "
             "or choose another folder"
         )
+
+
+def end_orphaned_driver(run_name: str, *, budget_s: float = 120.0) -> bool:
+    """End a driver of ``run_name`` that still runs although its run folder's lock is ours now.
+
+    Its job is being torn down (the CLI that owned it was killed a moment ago), or its owner
+    lost the lock (paused past the stale limit): either way it must not write to the folder
+    any more, and its name must be free for the resumed driver. Waits until Ray has ended it.
+    Returns whether there was one.
+    """
+    import time
+
+    import ray
+
+    try:
+        actor = ray.get_actor(driver_name(run_name), namespace=DRIVER_NAMESPACE)
+    except ValueError:
+        return False
+    logger.warning("ending the driver of run %s that outlived its run's lock", run_name)
+    with contextlib.suppress(Exception):
+        ray.kill(actor, no_restart=True)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < budget_s:
+        try:
+            ray.get_actor(driver_name(run_name), namespace=DRIVER_NAMESPACE)
+        except ValueError:
+            return True
+        time.sleep(0.2)
+    raise SaturnError(
+        f"the earlier driver of run {run_name} did not end within {budget_s:.0f} s of being killed; "
+        "try again in a minute"
+    )
+
+
+def prepare_run(storage: RunStorage, settings: RunSettings, profile: ProfileTable) -> None:
+    """Write a new run's settings and profile into its folder (refusing a folder that holds a run)."""
+    check_new_run_folder(storage)
+    journal = Journal(storage)
     journal.write_settings(settings.to_dict())
     journal.write_profile(profile)
+
+
+class DriverLost(SaturnError):
+    """The driver actor died before the run ended (the run folder stays resumable)."""
+
+
+def wait_for_driver(actor: Any, ref: Any, *, lease: RunLease, journal: Journal) -> DriverResult:
+    """The driver's result. While waiting, the run folder's lease is watched: if another run took
+    it over, the driver is stopped. A driver that dies is one line (:class:`DriverLost`), and an
+    event that says when (``resume`` reads it to keep the run's clock)."""
+    import time
+
+    import ray
+    from ray.exceptions import RayError
+
+    while not ray.wait([ref], timeout=lease.heartbeat_s)[0]:
+        if lease.lost is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)  # another run owns the folder now: stop writing to it
+            lease.check()
+    try:
+        return DriverResult.from_dict(ray.get(ref))
+    except RayError as exc:
+        lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+        why = (lines[0] if lines else type(exc).__name__)[:300]
+        with contextlib.suppress(StorageError):
+            journal.event({"kind": "driver_lost", "wall": round(time.time(), 3), "reason": why})
+        raise DriverLost(
+            f"the driver of {journal.storage.display} died ({type(exc).__name__}: {why}); "
+            f"`ray-saturn resume {journal.storage.display}` continues the run"
+        ) from None
 
 
 def start_driver(

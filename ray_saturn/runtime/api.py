@@ -19,15 +19,28 @@ import os
 import time
 import uuid
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from ray_saturn.errors import SaturnError
 from ray_saturn.profile_table import ProfileTable
-from ray_saturn.runtime.actor import DRIVER_NAMESPACE, connected, driver_name, prepare_run, start_driver
+from ray_saturn.runtime.actor import (
+    DRIVER_NAMESPACE,
+    check_new_run_folder,
+    connected,
+    driver_name,
+    end_orphaned_driver,
+    prepare_run,
+    start_driver,
+    wait_for_driver,
+)
 from ray_saturn.runtime.config import DriverConfig, RunSettings, check_policy
 from ray_saturn.runtime.emulation import emulate, emulated_cluster, emulated_context
-from ray_saturn.runtime.journal import RUN_FILE, Journal
+from ray_saturn.runtime.journal import EVENTS_FILE, RUN_FILE, Journal
+from ray_saturn.runtime.lease import RunLease
+from ray_saturn.runtime.reclaim import reclaim_dead_runs
 from ray_saturn.runtime.records import DriverResult
+from ray_saturn.runtime.status import run_status
 from ray_saturn.runtime.storage import RunStorage, StorageError
 from ray_saturn.spec import ClusterSpec, Task, check_unique_names
 
@@ -64,99 +77,198 @@ def run(
         storage: where the run lives: its folder and every checkpoint; a local path that every
             node sees, or a URI (``s3://bucket/run?endpoint_override=...``, ``gs://``, any
             pyarrow or fsspec URI). See :mod:`ray_saturn.runtime.storage`.
+            One run at a time: the folder is locked while the run goes
+            (:mod:`~ray_saturn.runtime.lease`), and a folder that holds a run is refused.
         profile: a ProfileTable or a profile file; default: ``ray_saturn.profile(tasks, cluster)``.
         policy: re-planning policy (``saturn-replan``, ``saturn-static``, ``saturn-periodic``,
             or a baseline planner); default: ``config.policy``, else ``saturn-replan``.
             Given together with ``config``, it must agree with ``config.policy``.
         config: driver settings (checkpoint interval, solver time limit, ...).
+        workload: the workload file the tasks came from; its path and SHA-256 are recorded,
+            so that ``resume`` reloads it (and only while its bytes are unchanged).
 
     Example:
         >>> # result = ray_saturn.run(tasks, storage="/tmp/runs/lr-sweep")
         >>> # [(t, r.state) for t, r in result.tasks.items()]
     """
-    import ray
-
     task_list = check_unique_names(tasks)
     if config is not None and policy is not None and policy != config.policy:
         raise SaturnError(f"policy is {policy!r} but config.policy is {config.policy!r}; give it once")
     cfg = (config or DriverConfig()).with_policy(policy)
     check_policy(cfg.policy)  # before anything is profiled or started
+    digest = None
+    if workload is not None:
+        from ray_saturn.workload_file import workload_digest
+
+        workload = os.path.abspath(workload)
+        digest = workload_digest(workload)
     store = RunStorage(storage)
     store.check()  # a wrong endpoint or missing credentials: one line, before any GPU is held
-    settings = RunSettings(name=name or f"run-{uuid.uuid4().hex[:8]}", mode="train", driver=cfg, workload=workload)
-    with connected():
-        live = ClusterSpec.from_ray()
-        if cluster is not None:
-            _check_cluster(cluster, live)
-        if profile is None:
-            from ray_saturn.profiler import profile as profile_fn
+    settings = RunSettings(
+        name=name or f"run-{uuid.uuid4().hex[:8]}",
+        mode="train",
+        driver=cfg,
+        workload=workload,
+        workload_digest=digest,
+    )
+    check_new_run_folder(store)  # a folder that holds a run: refused before its lock is touched
+    with RunLease(store, command="run", run_name=settings.name).held() as lease:
+        check_new_run_folder(store, ours=lease)  # before profiling, not after
+        with connected():
+            live = ClusterSpec.from_ray()
+            if cluster is not None:
+                _check_cluster(cluster, live)
+            if profile is None:
+                from ray_saturn.profiler import profile as profile_fn
 
-            table = profile_fn(task_list, live)
-        elif isinstance(profile, ProfileTable):
-            table = profile
-        else:
-            table = ProfileTable.read(profile)
-        _check_profile(table, task_list)
-        prepare_run(store, settings, table)
-        _, ref = start_driver(store, settings, table, {t.name: t for t in task_list})
-        return DriverResult.from_dict(ray.get(ref))
+                table = profile_fn(task_list, live)
+            elif isinstance(profile, ProfileTable):
+                table = profile
+            else:
+                table = ProfileTable.read(profile)
+            _check_profile(table, task_list)
+            prepare_run(store, settings, table)
+            reclaim_dead_runs()
+            actor, ref = start_driver(store, settings, table, {t.name: t for t in task_list})
+            return wait_for_driver(actor, ref, lease=lease, journal=Journal(store))
 
 
-def resume(storage: str | os.PathLike[str], tasks: Iterable[Task] | None = None) -> DriverResult:
+def resume(
+    storage: str | os.PathLike[str],
+    tasks: Iterable[Task] | None = None,
+    *,
+    workload: str | os.PathLike[str] | None = None,
+) -> DriverResult:
     """Continue a run whose driver stopped (killed, machine lost) from its run folder.
 
     Finished tasks are not run again; the others restart from their latest
     checkpoint. A training run needs its tasks: pass them, or the run must
-    have been started from a workload file (``ray-saturn run WORKLOAD``).
+    have been started from a workload file (``ray-saturn run WORKLOAD``),
+    which is reloaded only while its SHA-256 is the one recorded at ``run``;
+    pass ``workload`` to run a file you vouch for (it becomes the recorded one).
+
+    A folder whose lock is held by a live run is refused; a lock whose owner
+    is dead is taken over (with a warning that says whose it was). What a
+    dead driver of this run left on the cluster (placement groups, Ray
+    Train controllers and their cleaner actors) is ended first. When
+    ``state.json`` and its backup are both unusable, the state is rebuilt
+    from ``events.jsonl`` (finished tasks stay finished, the run's clock and
+    history are kept) and a warning says what could not be.
 
     Example:
         >>> # ray_saturn.resume("/tmp/runs/lr-sweep")
     """
     import contextlib
 
-    import ray
-
     store = RunStorage(storage, create=False)
     store.check()  # before any GPU is held
     journal = Journal(store)
-    settings = RunSettings.from_dict(journal.read_settings())
-    state = journal.read_state() if journal.has_state() else {}
-    if state.get("driver_state") in ("finished",):
-        logger.info("%s: the run already finished; nothing to resume", store.uri)
-    profile = journal.read_profile()
-    task_map: dict[str, Task] | None = None
-    if settings.mode == "train":
-        if tasks is None:
-            if not settings.workload:
-                raise SaturnError(
-                    f"{store.uri}: the run was started from Python; pass its tasks to "
-                    "ray_saturn.resume(run_dir, tasks=...)"
-                )
-            from ray_saturn.workload_file import load_workload
+    settings = _read_settings(journal)
+    with RunLease(store, command="resume", run_name=settings.name).held() as lease:
+        state = _resume_state(journal, settings, lease)
+        if state.get("driver_state") in ("finished",):
+            logger.info("%s: the run already finished; nothing to resume", store.display)
+        profile = journal.read_profile()
+        task_map: dict[str, Task] | None = None
+        if settings.mode == "train":
+            if tasks is None:
+                tasks, settings = _trusted_workload(journal, settings, workload)
+            task_map = {t.name: t for t in check_unique_names(tasks)}
+        journal.event({"kind": "resume", "wall": round(time.time(), 3), "time_s": state.get("time_s", 0.0)})
+        ctx: contextlib.AbstractContextManager[Any] = (
+            connected() if settings.mode == "train" else emulated_context(journal)
+        )
+        with ctx:
+            end_orphaned_driver(settings.name)
+            reclaim_dead_runs([settings.name])
+            actor, ref = start_driver(store, settings, profile, task_map, resume_state=state)
+            return wait_for_driver(actor, ref, lease=lease, journal=journal)
 
-            tasks = load_workload(settings.workload)
-        task_map = {t.name: t for t in check_unique_names(tasks)}
-    journal.event({"kind": "resume", "wall": round(time.time(), 3), "time_s": state.get("time_s", 0.0)})
-    ctx: contextlib.AbstractContextManager[Any] = (
-        connected() if settings.mode == "train" else emulated_context(journal)
+
+def _read_settings(journal: Journal) -> RunSettings:
+    if not journal.has_settings():
+        raise StorageError(f"{journal.storage.display}: no ray_saturn run here (no {RUN_FILE}); give the folder "
+                           "a run was started in")
+    raw = journal.read_settings()
+    try:
+        return RunSettings.from_dict(raw)
+    except SaturnError as exc:
+        raise StorageError(f"{journal.storage.display}/{RUN_FILE}: {exc}") from None
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise StorageError(f"{journal.storage.display}/{RUN_FILE} is not the settings of a run ({type(exc).__name__}: "
+                           f"{exc})".splitlines()[0]) from None
+
+
+def _resume_state(journal: Journal, settings: RunSettings, lease: RunLease) -> dict[str, Any]:
+    """The state to resume from: ``state.json``, its backup, or one rebuilt from the events."""
+    from ray_saturn.runtime.rebuild import rebuild_state
+
+    loaded = journal.load_state()
+    if loaded.state is not None:
+        if loaded.fell_back:
+            journal.event({"kind": "state_fallback", "wall": round(time.time(), 3), "problems": loaded.problems})
+        return loaded.state
+    if not journal.storage.exists(EVENTS_FILE) and not journal.has_state():
+        return {}  # the driver never started: a fresh start of the same run
+    dead = lease.taken_over
+    rebuilt = rebuild_state(
+        journal.events(),
+        journal.read_profile(),
+        time_scale=settings.time_scale if settings.mode == "emulate" else 1.0,
+        last_seen_wall=dead.heartbeat_wall if dead is not None else None,
     )
-    with ctx:
-        _, ref = start_driver(store, settings, profile, task_map, resume_state=state)
-        return DriverResult.from_dict(ray.get(ref))
+    logger.warning("%s: %s; %s", journal.storage.display, "; ".join(loaded.problems), rebuilt.summary())
+    journal.event({"kind": "state_rebuilt", "wall": round(time.time(), 3), "problems": loaded.problems,
+                   "finished": rebuilt.finished, "resumable": rebuilt.resumable, "given_up": rebuilt.given_up,
+                   "notes": rebuilt.notes})
+    return rebuilt.state
 
 
-def run_status(storage: str | os.PathLike[str]) -> dict[str, Any]:
-    """A run's persisted state: driver state; per task state, strategy, GPUs, progress, ETA.
+def _trusted_workload(
+    journal: Journal, settings: RunSettings, workload: str | os.PathLike[str] | None
+) -> tuple[list[Task], RunSettings]:
+    """The tasks of the run's workload file, loaded only if it is the file the run started with.
 
-    Example:
-        >>> # ray_saturn.runtime.api.run_status("/tmp/runs/lr-sweep")["tasks"]["bert-0"]["state"]
+    ``run.json`` is in the run folder, which others may be able to write (a
+    shared bucket): the file it names runs only while its SHA-256 is the one
+    recorded at ``run``. A file passed explicitly is the user's word, and is
+    recorded as the run's workload from then on.
     """
-    journal = Journal(RunStorage(storage, create=False))
-    if not journal.has_state():
-        if journal.has_settings():
-            return {"driver_state": "starting", "tasks": {}}
-        raise StorageError(f"{journal.uri}: no ray_saturn run here (no {RUN_FILE})")
-    return journal.read_state()
+    from ray_saturn.workload_file import load_workload, workload_digest
+
+    uri = journal.storage.display
+    if workload is not None:
+        path = os.path.abspath(workload)
+        digest = workload_digest(path)
+        if settings.workload_digest and digest != settings.workload_digest:
+            logger.warning("%s differs from the workload file the run started with; running it because it was "
+                           "passed explicitly", path)
+        tasks = load_workload(path)
+        settings = replace(settings, workload=path, workload_digest=digest)
+        journal.write_settings(settings.to_dict())
+        return tasks, settings
+    if not settings.workload:
+        raise SaturnError(
+            f"{uri}: the run was started from Python; pass its tasks to "
+            "ray_saturn.resume(run_dir, tasks=...)"
+        )
+    explicit = f"`ray-saturn resume {uri} --workload {settings.workload}`"
+    if not settings.workload_digest:
+        raise SaturnError(
+            f"{uri}/{RUN_FILE} records no SHA-256 of the workload file {settings.workload}, so resume cannot "
+            f"tell it is the file the run started with; check it and pass it explicitly: {explicit}"
+        )
+    digest = workload_digest(settings.workload)
+    if digest != settings.workload_digest:
+        raise SaturnError(
+            f"{settings.workload} changed since the run started (SHA-256 {digest[7:19]}..., recorded "
+            f"{settings.workload_digest[7:19]}...); resume does not run a changed workload file: check it, "
+            f"then pass it explicitly: {explicit}"
+        )
+    tasks = load_workload(settings.workload)
+    if workload_digest(settings.workload) != digest:  # changed while it loaded
+        raise SaturnError(f"{settings.workload} changed while it was loaded; try again")
+    return tasks, settings
 
 
 def _check_cluster(cluster: ClusterSpec, live: ClusterSpec) -> None:

@@ -122,6 +122,7 @@ class RunSettings:
     time_scale: float = 1.0
     noise: float = 0.0
     workload: str | None = None
+    workload_digest: str | None = None  # sha256 of the workload file at `run` (resume refuses another)
     report_interval_s: float = 0.5
     cpus_per_worker: float = 0.0
     emulated_cluster: dict[str, int] | None = None  # {"nodes": N, "gpus_per_node": G}

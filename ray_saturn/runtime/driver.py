@@ -56,7 +56,7 @@ from ray_saturn.control.state import Placement, Segment, TaskState
 from ray_saturn.errors import SaturnError
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.runtime.config import DriverConfig
-from ray_saturn.runtime.journal import EVENTS_FILE, STATE_FILE, Journal
+from ray_saturn.runtime.journal import EVENTS_FILE, STATE_FILE, Journal, RunFolderUnwritable
 from ray_saturn.runtime.launcher import Exited, Launcher, LaunchSpec, Progress, Started
 from ray_saturn.runtime.ledger import LedgerError
 from ray_saturn.runtime.records import DriverResult, TaskRecord
@@ -333,11 +333,28 @@ class Driver:
             logger.debug("driver: %s -> %s", prev.name, self.state.name)
             if self.state.terminal:
                 self.finished_at = self.now()
-                self.log({"kind": "run_" + self.state.name, "reason": getattr(self.state, "reason", "")})
-            self.persist(force=True)
+                self._write_safely(self.log, {"kind": "run_" + self.state.name,
+                                              "reason": getattr(self.state, "reason", "")})
+            self._write_safely(self.persist, force=True)
         else:
-            self.persist()
+            self._write_safely(self.persist)
         return self.state
+
+    def _write_safely(self, write: Any, *args: Any, **kwargs: Any) -> None:
+        """Write to the run folder; when it cannot be written the run stops (resumable), never raises.
+
+        The folder keeps the last state and events that were written, so once
+        it is writable again ``resume`` continues from there.
+        """
+        try:
+            write(*args, **kwargs)
+        except RunFolderUnwritable as exc:
+            if self.state.terminal:
+                logger.error("driver %s, and could not record it: %s", self.state.name, exc)
+                return
+            logger.error("driver stopped: %s", exc)
+            self.state = Failed(str(exc))
+            self.finished_at = self.now()
 
     def run(self, max_steps: int | None = None) -> DriverResult:
         """Step until a terminal state (or ``max_steps``); return the result."""
@@ -688,6 +705,7 @@ class Driver:
                 self._failed_seen.add(t)
                 self.metrics.task_state(t, "failed")
                 rec.reason = self.controller.state(t).reason or rec.reason
+                self.log({"kind": "task_gave_up", "task": t, "reason": rec.reason})  # rebuild reads it
         now = self.now()
         self.journal.write_state(
             {

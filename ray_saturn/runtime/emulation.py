@@ -22,17 +22,128 @@ from dataclasses import replace
 from typing import Any
 
 from ray_saturn import defaults
-from ray_saturn.errors import SaturnError
+from ray_saturn.errors import SaturnError, SpecError
 from ray_saturn.profile_table import ProfileTable
-from ray_saturn.runtime.actor import prepare_run, start_driver
+from ray_saturn.runtime.actor import check_new_run_folder, prepare_run, start_driver, wait_for_driver
 from ray_saturn.runtime.config import DriverConfig, RunSettings, check_policy, emulation_config
 from ray_saturn.runtime.journal import Journal
+from ray_saturn.runtime.lease import RunLease
+from ray_saturn.runtime.reclaim import reclaim_dead_runs
 from ray_saturn.runtime.records import DriverResult
 from ray_saturn.runtime.storage import RunStorage
 
-__all__ = ["emulate", "emulated_cluster", "emulated_context", "emulation_report"]
+__all__ = [
+    "MAX_EMULATED_NODES",
+    "check_emulated_nodes",
+    "emulate",
+    "emulated_cluster",
+    "emulated_context",
+    "emulation_report",
+    "private_ray_environment",
+]
 
 logger = logging.getLogger(__name__)
+
+#: The emulated cluster's nodes listen on this address only.
+LOCALHOST = "127.0.0.1"
+
+
+#: The most nodes an emulated cluster may have, whatever the machine.
+MAX_EMULATED_NODES = 64
+#: Memory one emulated node costs (its raylet, agents and idle workers), measured on Ray 2.60.
+EMULATED_NODE_GB = 0.3
+
+
+def _machine_memory_gb() -> float | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_emulated_nodes(nodes: int) -> int:
+    """``nodes`` if this machine can run that many emulated nodes, else a one-line :class:`SpecError`.
+
+    Checked before any process starts: each node is a raylet with its
+    agents (about :data:`EMULATED_NODE_GB` GB); at most half of the
+    machine's memory, and never more than :data:`MAX_EMULATED_NODES`.
+    """
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        raise SpecError(f"--nodes is {nodes!r}; give a whole number of emulated nodes >= 1")
+    limit = MAX_EMULATED_NODES
+    mem = _machine_memory_gb()
+    if mem is not None:
+        limit = max(1, min(limit, int(0.5 * mem / EMULATED_NODE_GB)))
+    if nodes > limit:
+        mem_text = f" and this machine's {mem:.0f} GiB of memory" if mem is not None else ""
+        raise SpecError(
+            f"--nodes {nodes} is more than this machine can emulate: each emulated node is a raylet "
+            f"with its agents (about {EMULATED_NODE_GB} GB); the limit ({MAX_EMULATED_NODES} nodes{mem_text}) "
+            f"allows {limit}; give --nodes <= {limit} (more GPUs per node cost nothing)"
+        )
+    return nodes
+
+
+#: Ray's switch between a cluster on the machine's address and one on the loopback address only.
+_LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+_PRIVATE_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_TMPDIR", _LOOPBACK_VAR)
+
+
+def _reload_ray_auth() -> None:
+    """Make this process read the authentication settings again (Ray caches them)."""
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+    except ImportError:  # a Ray without token authentication
+        return
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+@contextlib.contextmanager
+def private_ray_environment() -> Iterator[str]:
+    """Token auth with a fresh token, the loopback address and a private temp dir, for this
+    process and the Ray it starts.
+
+    - Ray writes the address of a cluster it starts to ``<temp dir>/ray_current_cluster``, where
+      a plain ``ray.init()`` elsewhere on the machine would find it (and hang on it once the
+      cluster is dead). With ``RAY_TMPDIR`` set to a folder of our own, that file, the sessions
+      and the sockets live there, and the folder is removed on exit.
+    - The token exists only in the environment of this process and its children.
+    - Ray resolves "127.0.0.1" to the machine's address when it connects, unless its
+      single-machine switch (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read by the processes it
+      starts, and ``ray_constants.ENABLE_RAY_CLUSTER`` in this one) says the cluster is on the
+      loopback address only.
+
+    Everything is restored on exit.
+    """
+    import secrets
+    import shutil
+    import tempfile
+
+    import ray._private.ray_constants as ray_constants
+
+    base = "/tmp" if os.path.isdir("/tmp") else None  # short: Ray's socket paths must stay < 108 bytes
+    temp = tempfile.mkdtemp(prefix="rse-", dir=base)
+    saved = {k: os.environ.get(k) for k in _PRIVATE_VARS}
+    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    os.environ["RAY_TMPDIR"] = temp
+    os.environ[_LOOPBACK_VAR] = "0"
+    os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    _reload_ray_auth()
+    try:
+        yield temp
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        _reload_ray_auth()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -40,12 +151,24 @@ def emulated_cluster(nodes: int, gpus_per_node: int, *, cpus_per_node: int | Non
     """A local ``ray.cluster_utils.Cluster``: a GPU-less head and ``nodes`` nodes of logical GPUs.
 
     Each node gets as many logical CPUs as GPUs (default), so Ray keeps that
-    many idle worker processes per node and relaunches reuse them.
+    many idle worker processes per node and relaunches reuse them. The
+    cluster has token auth on (a fresh token), listens on 127.0.0.1 only,
+    and leaves no address file where other Ray users look
+    (:func:`private_ray_environment`); ``nodes`` is checked
+    (:func:`check_emulated_nodes`) before any process starts.
     """
+    check_emulated_nodes(nodes)
     if cpus_per_node is None:
         cpus_per_node = gpus_per_node
     import ray
     from ray.cluster_utils import Cluster
+
+    class LocalCluster(Cluster):
+        """A ``Cluster`` whose nodes (also those a test adds) listen on 127.0.0.1."""
+
+        def add_node(self, wait: bool = True, **node_args: Any) -> Any:
+            node_args.setdefault("node_ip_address", LOCALHOST)
+            return super().add_node(wait, **node_args)
 
     if ray.is_initialized():
         raise SaturnError("Ray is already initialised in this process; emulation starts its own local cluster")
@@ -55,19 +178,22 @@ def emulated_cluster(nodes: int, gpus_per_node: int, *, cpus_per_node: int | Non
         "gcs_create_placement_group_retry_min_interval_ms": 20,
         "gcs_create_placement_group_retry_max_interval_ms": 100,
     }
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "num_gpus": 0, "_system_config": system_config},
-    )
-    try:
-        for _ in range(nodes):
-            cluster.add_node(num_cpus=cpus_per_node, num_gpus=gpus_per_node)
-        ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
-        cluster.wait_for_nodes()
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    with private_ray_environment():
+        cluster = None
+        try:
+            cluster = LocalCluster(
+                initialize_head=True,
+                head_node_args={"num_cpus": 1, "num_gpus": 0, "_system_config": system_config},
+            )
+            for _ in range(nodes):
+                cluster.add_node(num_cpus=cpus_per_node, num_gpus=gpus_per_node)
+            ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
+            cluster.wait_for_nodes()
+            yield cluster
+        finally:
+            ray.shutdown()
+            if cluster is not None:
+                cluster.shutdown()
 
 
 @contextlib.contextmanager
@@ -109,8 +235,6 @@ def emulate(
     ``policy`` and ``seed``, when given, must agree with ``config``'s (or
     set them when there is no ``config``).
     """
-    import ray
-
     table = profile if isinstance(profile, ProfileTable) else ProfileTable.read(profile)
     table.check_feasible()
     if config is None:
@@ -133,18 +257,23 @@ def emulate(
         emulated_cluster={"nodes": nodes, "gpus_per_node": gpus_per_node},
         arrivals=dict(arrivals or {}),
     )
+    if not use_running_ray:
+        check_emulated_nodes(nodes)  # before anything is written or started
     if storage is None:
         import tempfile
 
         storage = tempfile.mkdtemp(prefix="ray-saturn-emulate-")
     store = RunStorage(storage)
-    prepare_run(store, settings, table)
-    ctx = contextlib.nullcontext() if use_running_ray else emulated_cluster(nodes, gpus_per_node)
-    with ctx:
-        t0 = time.time()
-        _, ref = start_driver(store, settings, table)
-        result = DriverResult.from_dict(ray.get(ref))
-        wall = time.time() - t0
+    check_new_run_folder(store)  # a folder that holds a run: refused before its lock is touched
+    with RunLease(store, command="emulate", run_name=name).held() as lease:
+        prepare_run(store, settings, table)
+        ctx = contextlib.nullcontext() if use_running_ray else emulated_cluster(nodes, gpus_per_node)
+        with ctx:
+            reclaim_dead_runs()
+            t0 = time.time()
+            actor, ref = start_driver(store, settings, table)
+            result = wait_for_driver(actor, ref, lease=lease, journal=Journal(store))
+            wall = time.time() - t0
     out = emulation_report(result)
     out["wall_s"] = round(wall, 3)
     out["run_dir"] = store.uri

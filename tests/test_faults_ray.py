@@ -1,0 +1,204 @@
+"""Faults on a real local Ray cluster: what a dead run leaves is ended; emulation is private and locked.
+
+- ``reclaim_dead_runs`` ends the actors (also detached ones, like Ray Train's
+  ``PlacementGroupCleaner``) and placement groups that a dead driver's family
+  left, and nothing of a live driver;
+- a SIGKILLed ``ray-saturn emulate`` run: its cluster had token auth on and
+  listened on 127.0.0.1, it wrote no machine-wide address file, a plain
+  ``ray.init()`` afterwards starts normally, ``status`` says the driver is
+  not seen, and ``resume`` takes the stale lock over (saying so) and
+  finishes without re-running a finished task.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from ray_saturn import ProfileTable  # noqa: E402
+from ray_saturn.runtime.emulation import emulated_cluster  # noqa: E402
+from ray_saturn.runtime.journal import EVENTS_FILE, STATE_FILE  # noqa: E402
+from ray_saturn.runtime.reclaim import reclaim_dead_runs  # noqa: E402
+from ray_saturn.runtime.storage import RunStorage  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+BIN = Path(sys.executable).parent
+#: How long a loaded 2-core machine may take to start a local cluster and a driver.
+BUDGET_S = 300.0
+
+
+def _wait(pred, what: str, budget: float = BUDGET_S, every: float = 0.2):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < budget:
+        got = pred()
+        if got:
+            return got
+        time.sleep(every)
+    raise AssertionError(f"{what}: not within {budget:.0f} s")
+
+
+def _pg_state(pg) -> str:
+    return ray.util.placement_group_table(pg).get("state", "REMOVED")
+
+
+def _actor_state(handle) -> str:
+    from ray._private.state import actors
+
+    return actors(handle._actor_id.hex()).get("State", "DEAD")
+
+
+def _cluster_environ(pid: int) -> dict[str, str]:
+    """The environment the emulating process ``pid`` gave the Ray processes it started.
+
+    (``/proc/PID/environ`` of ``pid`` itself shows its environment at exec, not what it set later.)
+    """
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            ppid = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("PPid:")))
+            if ppid != pid:
+                continue
+            env = dict(ln.split("=", 1) for ln in (entry / "environ").read_text().split("\0") if "=" in ln)
+        except (OSError, StopIteration, ValueError):
+            continue
+        if "RAY_TMPDIR" in env:
+            return env
+    return {}
+
+
+def test_reclaim_ends_what_a_dead_driver_left_and_nothing_of_a_live_one():
+    from ray.util.placement_group import placement_group
+
+    with emulated_cluster(1, 2):
+
+        # Ray records a class's __qualname__: these local classes get the names of the real ones.
+        class PlacementGroupCleaner:  # the class name Ray Train's detached helper has
+            def ping(self):
+                return True
+
+        PlacementGroupCleaner.__qualname__ = "PlacementGroupCleaner"
+        PlacementGroupCleaner = ray.remote(num_cpus=0)(PlacementGroupCleaner)
+
+        class DriverActor:  # the class name of our driver: the root of what a run owns
+            def start(self, run):
+                self.pg = placement_group([{"GPU": 1}], name=f"ray_saturn:{run}:t0")
+                self.train_pg = placement_group([{"CPU": 0.01}])  # unnamed, like Ray Train's own
+                self.cleaner = PlacementGroupCleaner.options(lifetime="detached").remote()
+                ray.get(self.cleaner.ping.remote())
+                return self.pg, self.train_pg, self.cleaner
+
+        DriverActor.__qualname__ = "DriverActor"
+        DriverActor = ray.remote(num_cpus=0)(DriverActor)
+
+        dead = DriverActor.options(name="driver:deadrun", namespace="ray_saturn").remote()
+        live = DriverActor.options(name="driver:liverun", namespace="ray_saturn").remote()
+        dead_pg, dead_train_pg, dead_cleaner = ray.get(dead.start.remote("deadrun"))
+        live_pg, live_train_pg, live_cleaner = ray.get(live.start.remote("liverun"))
+        ray.kill(dead, no_restart=True)
+        _wait(lambda: _actor_state(dead) == "DEAD", "the killed driver is dead")
+        assert _actor_state(dead_cleaner) == "ALIVE" and _pg_state(dead_train_pg) != "REMOVED", \
+            "Ray itself leaves these behind (else this test tests nothing)"
+        got = reclaim_dead_runs(["deadrun", "liverun"])
+        assert sorted(got.actors) == [f"PlacementGroupCleaner {dead_cleaner._actor_id.hex()[:8]}"]
+        assert "ray_saturn:deadrun:t0" in got.placement_groups and len(got.placement_groups) == 2
+        _wait(lambda: _actor_state(dead_cleaner) == "DEAD", "the dead run's cleaner is ended", budget=60)
+        assert _pg_state(dead_pg) == "REMOVED" and _pg_state(dead_train_pg) == "REMOVED"
+        assert _actor_state(live_cleaner) == "ALIVE", "a live run's actors are not touched"
+        assert _pg_state(live_pg) != "REMOVED" and _pg_state(live_train_pg) != "REMOVED"
+        assert not reclaim_dead_runs(), "nothing is left to end"
+        ray.kill(live_cleaner)
+        ray.kill(live)
+
+
+def test_a_sigkilled_emulate_is_private_resumable_and_leaves_ray_usable(tmp_path):
+    rows = [{"task": f"job-{i}", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": s}
+            for i, s in enumerate((200, 1500, 1500, 1500))]
+    ProfileTable.from_rows(rows).write(tmp_path / "p.csv")
+    run_dir = tmp_path / "run"
+    global_file = Path("/tmp/ray/ray_current_cluster")
+    before = global_file.stat().st_mtime if global_file.exists() else None
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["HOME"] = str(tmp_path)  # a token a plain ray.init() may write lands here, not in ~/.ray
+    cmd = [str(BIN / "ray-saturn"), "emulate", str(tmp_path / "p.csv"), "--nodes", "1", "--gpus-per-node", "2",
+           "--time-scale", "0.01", "--run-dir", str(run_dir)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    store = RunStorage(run_dir)
+    try:
+        def progress():
+            if proc.poll() is not None:
+                raise AssertionError(f"emulate ended early: {proc.communicate()[1][-2000:]}")
+            if not store.exists(STATE_FILE):
+                return None
+            st = store.read_json(STATE_FILE)
+            t = st["tasks"].values()
+            done = any(r["state"] == "finished" for r in t)
+            going = any(r["state"] == "running" and 300 <= r["steps_done"] <= r["total_steps"] - 300 for r in t)
+            return st if done and going else None
+
+        at_kill = _wait(progress, "the emulated run finishes a task while another is 300 steps in")
+        private = _cluster_environ(proc.pid)
+        assert private.get("RAY_AUTH_MODE") == "token" and len(private.get("RAY_AUTH_TOKEN", "")) == 64, private
+        address = (Path(private["RAY_TMPDIR"]) / "ray" / "ray_current_cluster").read_text().strip()
+        assert address.startswith("127.0.0.1:"), address
+        after = global_file.stat().st_mtime if global_file.exists() else None
+        assert after == before, "emulate wrote the machine-wide address file"
+        # A client without the token is turned away.
+        probe = (f"import ray; ray.init(address={address!r}, log_to_driver=False); "
+                 "print('RAN', ray.get(ray.remote(lambda: 1).remote()))")
+        # (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: connect to 127.0.0.1 as given, not the machine's address.)
+        try:
+            out = subprocess.run([sys.executable, "-c", probe], env={**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
+                                 capture_output=True, text=True, timeout=120)
+            assert "RAN" not in out.stdout and out.returncode != 0, out.stdout[-500:]
+        except subprocess.TimeoutExpired:
+            pass  # it never got in
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    # The next plain ray.init() on this machine starts its own cluster (it used to hang on the dead one).
+    plain = ("import ray; ray.init(num_cpus=1, include_dashboard=False); "
+             "print('OK', ray.get(ray.remote(lambda: 2).remote())); ray.shutdown()")
+    out = subprocess.run([sys.executable, "-c", plain], env=env, capture_output=True, text=True, timeout=240)
+    assert "OK 2" in out.stdout, out.stderr[-2000:]
+    # status: the driver is dead, not "running".
+    st = subprocess.run([str(BIN / "ray-saturn"), "status", str(run_dir)], env=env, capture_output=True, text=True,
+                        timeout=120)
+    assert st.returncode == 0, st.stderr
+    assert st.stdout.splitlines()[0].startswith("driver not seen for "), st.stdout
+    assert f"run `ray-saturn resume {run_dir}`" in st.stdout.splitlines()[0]
+    # resume takes the stale lock over, says so, and finishes without re-running job-0.
+    res = subprocess.run([str(BIN / "ray-saturn"), "resume", str(run_dir), "--json"], env=env, capture_output=True,
+                         text=True, timeout=420)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "taking over the lock of `ray-saturn emulate`" in res.stderr and "its process is gone" in res.stderr
+    result = json.loads(res.stdout)
+    assert result["state"] == "finished"
+    tasks = {t["task"]: t for t in result["tasks"]}
+    every = 100  # the emulation checkpoints every 1 / time-scale profile seconds: 100 steps of 1 s
+    for name, was in at_kill["tasks"].items():
+        assert tasks[name]["state"] == "finished" and tasks[name]["steps_done"] == was["total_steps"]
+        new = tasks[name]["segments"][len(was["segments"]):]
+        if was["state"] == "finished":
+            assert not new, f"{name} finished before the kill and ran again"
+        elif was["segments"]:
+            lost = was["steps_done"] - new[0]["steps_start"]
+            assert lost <= every + 60, f"{name} lost {lost} steps (more than one checkpoint interval)"
+    assert result["realised_makespan_s"] >= at_kill["time_s"], "the run's history was kept"
+    kinds = [e["kind"] for e in RunStorage(run_dir).read_jsonl(EVENTS_FILE)]
+    assert "resume" in kinds
