@@ -17,9 +17,11 @@ time (the whole-GPU one x a factor drawn uniformly from [1.3, 2.0] per job,
 seeded; the issue's bound is 2.0) and the slow type's step times (the
 trace's x a per-app factor, :data:`SLOW`). All figures are planned makespans
 (no run), every plan checked by the independent validator (per device).
+saturn runs deterministically (limits counted in work, not seconds), so the
+figures depend only on the seed, not on the machine's load.
 
 Usage:
-    python release/fractional_benchmark.py [--time-limit 30] [--seed 0] [--json out.json]
+    python release/fractional_benchmark.py [--time-limit 5] [--seed 0] [--wall-clock] [--json out.json]
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ sys.path.insert(0, str(HERE))
 import pollux  # noqa: E402
 
 from ray_saturn import ClusterSpec, ProfileTable, validate_plan  # noqa: E402
-from ray_saturn.solver import solve  # noqa: E402
+from ray_saturn.solver import deterministic_policy, get_policy, solve  # noqa: E402
 from ray_saturn.spec import NodeSpec  # noqa: E402
 
 APPS = ["cifar10", "ncf"]
@@ -86,25 +88,28 @@ def type_profiles() -> tuple[ProfileTable, ProfileTable]:
     return ProfileTable.from_rows(typed, source="pollux-sweep-typed"), ProfileTable.from_rows(slow_only)
 
 
-def plan(profile: ProfileTable, cluster: ClusterSpec, time_limit: float, seed: int):
+def plan(profile: ProfileTable, cluster: ClusterSpec, time_limit: float, seed: int, wall_clock: bool = False):
     t0 = time.perf_counter()
-    p = solve(profile, cluster, "saturn", time_limit_s=time_limit, seed=seed)
+    policy = get_policy("saturn") if wall_clock else deterministic_policy("saturn")
+    p = solve(profile, cluster, policy, time_limit_s=time_limit, seed=seed)
     validate_plan(p, profile, cluster)  # solve validates too; this is the benchmark's own check
     return p, time.perf_counter() - t0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--time-limit", type=float, default=30.0, help="solver time limit per plan (s)")
+    ap.add_argument("--time-limit", type=float, default=5.0, help="solver time limit per plan (s of work)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--wall-clock", action="store_true",
+                    help="limit the solver by wall time (default: by work, so the figures depend only on the seed)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
 
     out: dict = {}
     both, whole = share_profiles(args.seed)
     cluster = ClusterSpec.uniform(2, 4)
-    p_share, t_share = plan(both, cluster, args.time_limit, args.seed)
-    p_whole, t_whole = plan(whole, cluster, args.time_limit, args.seed)
+    p_share, t_share = plan(both, cluster, args.time_limit, args.seed, args.wall_clock)
+    p_whole, t_whole = plan(whole, cluster, args.time_limit, args.seed, args.wall_clock)
     n_shared = sum(a.gpus < 1 for a in p_share.assignments)
     out["shares"] = {
         "jobs": len(both.tasks), "cluster": "2x4", "makespan_s": p_share.makespan_s,
@@ -117,8 +122,8 @@ def main() -> None:
     typed_cluster = ClusterSpec(tuple(fast + slow))
     untyped_cluster = ClusterSpec(tuple(NodeSpec(n.name, n.gpus) for n in typed_cluster.nodes))
     typed, slow_only = type_profiles()
-    p_typed, t_typed = plan(typed, typed_cluster, args.time_limit, args.seed)
-    p_blind, t_blind = plan(slow_only, untyped_cluster, args.time_limit, args.seed)
+    p_typed, t_typed = plan(typed, typed_cluster, args.time_limit, args.seed, args.wall_clock)
+    p_blind, t_blind = plan(slow_only, untyped_cluster, args.time_limit, args.seed, args.wall_clock)
     on_fast = sum(a.gpu_type == "fast" for a in p_typed.assignments)
     out["types"] = {
         "jobs": len(typed.tasks), "cluster": "2 fast x4 + 2 slow x4", "makespan_s": p_typed.makespan_s,
