@@ -168,7 +168,7 @@ def lower_bound(problem: Problem, *, use_lp: bool = True) -> LowerBound:
                 again = _solve_lp(problem, blocked)
                 if again is not None:
                     lp, mix = max(lp, again[0]), again[1]
-    if use_lp and len(set(problem.cluster.gpu_types)) > 1:
+    if use_lp and any(o.nodes_ok is not None for opts in problem.options for o in opts):
         # GPU types: the same LP with a capacity line per set of types (ray_saturn.solver.typed_bound).
         from ray_saturn.solver.typed_bound import typed_lp_bound
 
