@@ -393,3 +393,18 @@ def test_run_and_emulate_refuse_shares_before_any_cluster_starts(capsys, tmp_pat
     )
     with pytest.raises(SpecError, match=r"^ray_saturn.run does not execute shares of one GPU yet"):
         _check_profile(ProfileTable.read(prof), [task])
+
+
+def test_untyped_whole_gpu_profiles_plan_as_before_on_a_typed_cluster():
+    from ray_saturn.solver import build_problem, lower_bound, solve
+
+    rows = [row(task=f"t{i}", gpus=g, step=4.0 / g + i, steps=10) for i in range(6) for g in (1, 2)]
+    profile = ProfileTable.from_rows(rows)
+    typed = ClusterSpec((NodeSpec("a", 2, gpu_type="A100"), NodeSpec("b", 2, gpu_type="T4")))
+    plain = ClusterSpec((NodeSpec("a", 2), NodeSpec("b", 2)))
+    assert not build_problem(profile, typed).packing
+    assert lower_bound(build_problem(profile, typed)).value == lower_bound(build_problem(profile, plain)).value
+    p1 = solve(profile, typed, "saturn", time_limit_s=2, seed=0)
+    p2 = solve(profile, plain, "fifo-min-gpus", time_limit_s=2, seed=0)
+    assert all(a.devices is None and a.gpu_type is None for a in p1.assignments + p2.assignments)
+    assert "devices" not in p1.to_json()
