@@ -11,7 +11,7 @@ node per task). GPT-style models and CNNs of different sizes and lengths
 whose model and Adam state exceed the memory budget per GPU, so it must be
 sharded (``fsdp``).
 
-One policy per invocation (each well under 10 minutes on 2 cores), then a
+One policy per invocation (saturn-replan about 7-8 minutes on 2 cores, each baseline about 10), then a
 table; every step writes JSON under ``--out``:
 
     PYTHONPATH=. python release/real_run_benchmark.py profile --out /tmp/rrb
