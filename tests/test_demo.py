@@ -92,9 +92,9 @@ def _state():
     return {
         "driver_state": "finished", "replans": 2, "moves": 1, "planned_makespan_s": 20.0,
         "tasks": {
-            "t0": {"state": "finished", "loss": 1.5, "steps_done": 10, "total_steps": 10, "strategy": "single",
+            "t0": {"task": "t0", "state": "finished", "loss": 1.5, "steps_done": 10, "total_steps": 10, "strategy": "single",
                    "gpus": 1, "segments": [seg("ddp", 2, 0.0, 4.0), seg("single", 1, 5.0, 12.0)]},
-            "t1": {"state": "finished", "loss": 0.25, "steps_done": 10, "total_steps": 10,
+            "t1": {"task": "t1", "state": "finished", "loss": 0.25, "steps_done": 10, "total_steps": 10,
                    "segments": [seg("ddp", 2, 0.0, 9.0)]},
         },
     }
@@ -124,9 +124,11 @@ def test_report_table_and_gantt(tmp_path):
 def test_report_errors_are_one_line(tmp_path):
     with pytest.raises(ReportError, match="no such file"):
         RunReport.from_run_dir(tmp_path)
-    (tmp_path / STATE_FILE).write_text(json.dumps({"tasks": {"a": {"segments": [{"gpus": 1}]}}}))
-    with pytest.raises(ReportError, match="malformed segment"):
+    bad = {"driver_state": "running", "tasks": {"a": {"task": "a", "total_steps": 1, "segments": [{"gpus": 1}]}}}
+    (tmp_path / STATE_FILE).write_text(json.dumps(bad))
+    with pytest.raises(ReportError, match=r"task 'a' is not a task record") as err:
         RunReport.from_run_dir(tmp_path)
+    assert "\n" not in str(err.value)
 
 
 def test_progress_display_follows_the_state_file(tmp_path):
