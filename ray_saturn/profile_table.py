@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -229,6 +229,42 @@ class ProfileTable:
                 # Mixed kinds in one column (e.g. gpus 1 and "1/4"): keep them as text; parsing checks each cell.
                 columns[k] = pa.array([None if v is None else str(v) for v in values], pa.string())
         return cls(pa.table(columns), source=source)
+
+    @classmethod
+    def from_configs(cls, configs: Iterable[Config], source: str = "profile") -> ProfileTable:
+        """A table of ``configs`` as they are (rows of checked tables, e.g. with steps or step times
+        changed by ``dataclasses.replace``): no cell is parsed again, so it is cheap enough for a
+        re-plan in a scheduler hook. Only what combining rows can break is checked: no rows, a
+        duplicate configuration.
+
+        Example:
+            >>> t = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0,
+            ...                              "steps": 10}])
+            >>> ProfileTable.from_configs(t.configs("a"), source="copy").get("a", "ddp", 1).steps
+            10
+        """
+        configs = list(configs)
+        if not configs:
+            raise ProfileError(f"{source}: the profile has no rows")
+        seen: set[tuple] = set()
+        for i, c in enumerate(configs):
+            if not isinstance(c, Config):
+                raise ProfileError(f"{source} row {i + 1}: expected a Config, got {type(c).__name__}")
+            if c.row_key in seen:
+                raise ProfileError(
+                    f"{source} row {i + 1}: duplicate configuration {c.row_key}; keep one row per configuration"
+                )
+            seen.add(c.row_key)
+        self = cls.__new__(cls)
+        self.source = source
+        self._configs = configs
+        # The columns from_rows would keep of these rows' to_row(): costs where set.
+        costs = [k for k in COST_COLUMNS if any(getattr(c, k) for c in configs)]
+        self._table = pa.table(_canonical_arrays(configs, costs))
+        self._by_task = {}
+        for c in configs:
+            self._by_task.setdefault(c.task, []).append(c)
+        return self
 
     def write(self, path: str | os.PathLike[str]) -> Path:
         """Write as ``.csv`` or ``.parquet`` (by suffix); returns the path."""
@@ -501,6 +537,16 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
                    None if reason in (None, "") else str(reason), **costs, gpu_type=gpu_type)
         )
     # Canonical Arrow table: known columns with their types, extras kept as they are.
+    arrays = _canonical_arrays(configs, table.column_names)
+    for name in table.column_names:
+        if name not in arrays:
+            arrays[name] = table.column(name)
+    return pa.table(arrays), configs
+
+
+def _canonical_arrays(configs: list[Config], columns: Collection[str]) -> dict[str, pa.Array]:
+    """The known columns of ``configs`` with their types; the optional ones (costs, GPU type, reason)
+    where named in ``columns`` (the input's) or set in some row."""
     arrays: dict[str, pa.Array] = {
         "task": pa.array([c.task for c in configs], pa.string()),
         "strategy": pa.array([c.strategy for c in configs], pa.string()),
@@ -514,13 +560,10 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
         "peak_mem_gb": pa.array([c.peak_mem_gb for c in configs], pa.float64()),
     }
     for col in COST_COLUMNS:
-        if col in table.column_names:
+        if col in columns:
             arrays[col] = pa.array([getattr(c, col) for c in configs], pa.float64())
-    if "gpu_type" in table.column_names or any(c.gpu_type for c in configs):
+    if "gpu_type" in columns or any(c.gpu_type for c in configs):
         arrays["gpu_type"] = pa.array([c.gpu_type for c in configs], pa.string())
-    if "reason" in table.column_names or any(c.reason for c in configs):
+    if "reason" in columns or any(c.reason for c in configs):
         arrays["reason"] = pa.array([c.reason for c in configs], pa.string())
-    for name in table.column_names:
-        if name not in arrays:
-            arrays[name] = table.column(name)
-    return pa.table(arrays), configs
+    return arrays

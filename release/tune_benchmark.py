@@ -301,6 +301,8 @@ def run_search(kind: str, table: ProfileTable, args, rows, steps, storage: str) 
             hook_ms={k: round(v, 1) for k, v in st.hook_ms.items()},
             planner=st.planner,
             scheduler_max_gpus_in_use=st.max_gpus_in_use,
+            launch_latencies_s=st.launch_latencies_s,
+            move_list=[m.describe() for m in saturn.moves],
         )
     else:
         out["max_hook_ms"] = round(scheduler.max_ms, 1)

@@ -201,6 +201,43 @@ def test_trials_are_held_released_in_plan_order_together_and_free_gpus(fake_tune
     assert "waiting for GPUs (shown PAUSED)" in s.debug_string()
 
 
+def test_trials_are_planned_for_the_steps_asha_is_expected_to_let_them_train(fake_tune, no_background):
+    from ray.tune.schedulers import ASHAScheduler
+
+    clock = Clock()
+    asha = ASHAScheduler(
+        metric="loss", mode="min", time_attr="training_iteration", max_t=16, grace_period=1, reduction_factor=2
+    )
+    s = SaturnScheduler(scaling, base_scheduler=asha, cluster=ClusterSpec.uniform(1, 4), restart_s=1.0, clock=clock)
+    tune = fake_tune(s)
+    tune.add("a", {"steps": 160}), tune.add("b", {"steps": 160})
+    assert sorted(tune.step()) == ["a", "b"]
+    # Fresh: to rung 1 for sure, past rungs 2, 4, 8 with probability 1/2 each: 3 of 16 iterations.
+    assert s.controller.state("a").total_steps == s.controller.state("b").total_steps == 30
+
+    def report(tid, iteration, loss):
+        clock.t += 1.0
+        result = {"training_iteration": iteration, "loss": loss, "saturn_step": 10 * iteration,
+                  "saturn_step_time_s": 0.5, "saturn_total_steps": 160}
+        return s.on_trial_result(tune, tune.trials[tid], result)
+
+    assert report("a", 1, 0.5) == "CONTINUE"  # the first at rung 1 goes on: 2 + 1/2 * 2 + 1/4 * 4 + 1/8 * 8 = 5
+    assert s.controller.state("a").total_steps == 50
+    assert s.plans[-1].reasons[-1].startswith("a passed a rung of AsyncHyperBandScheduler")
+    assert report("b", 1, 0.9) == "STOP"  # worse than a at rung 1: ASHA stops it, its horizon stays
+    assert s.controller.state("b").total_steps == 30
+    for iteration, total in ((2, 80), (4, 120), (8, 160), (9, 160)):
+        assert report("a", iteration, 0.5 / iteration) == "CONTINUE"
+        assert s.controller.state("a").total_steps == total
+    # Without ASHA (or with expect_early_stops=False) trials are planned for all their steps.
+    plain = SaturnScheduler(scaling, base_scheduler=asha, cluster=ClusterSpec.uniform(1, 4), expect_early_stops=False)
+    fifo = SaturnScheduler(scaling, cluster=ClusterSpec.uniform(1, 4))
+    for sched, tid in ((plain, "c"), (fifo, "d")):
+        other = fake_tune(sched)
+        other.add(tid, {"steps": 160})
+        assert other.step() == [tid] and sched.controller.state(tid).total_steps == 160
+
+
 @pytest.mark.parametrize("latency_s, moves", [(2.0, 1), (40.0, 0)])
 def test_move_when_gain_beats_measured_restart_and_only_after_tune_paused(
     fake_tune, inline_background, latency_s, moves

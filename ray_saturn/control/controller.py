@@ -319,6 +319,21 @@ class Controller:
         for t in profile.tasks:
             self.tasks[t] = TaskProgress(t, max(c.steps for c in profile.configs(t)))
 
+    def set_total_steps(self, task: str, total_steps: int) -> None:
+        """Plan ``task`` for ``total_steps`` steps from now on (at least the steps it has done, at
+        least 1), e.g. a Tune trial whose early-stopping scheduler may end it before its profile's
+        steps: the horizon grows as the trial goes on. Takes effect at the next re-plan.
+
+        Example:
+            >>> ctl = Controller(ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 1,
+            ...                  "step_time_s": 1.0, "steps": 50}]), ClusterSpec.uniform(1, 1), "saturn-static")
+            >>> ctl.set_total_steps("a", 10)
+            >>> ctl.state("a").total_steps
+            10
+        """
+        p = self.state(task)
+        p.total_steps = max(1, p.steps_done, int(total_steps))
+
     def request_replan(self, now_s: float, reason: str) -> list[Action]:
         """Re-plan at ``now_s`` for a reason only the caller knows, e.g. a better plan
         finished in the background; the minimum gap between re-plans still applies."""

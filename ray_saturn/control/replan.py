@@ -176,7 +176,7 @@ def build_replan_input(
                     movable=movable and p.setup_left_s(now_s) <= 0,
                 )
             )
-    table = ProfileTable.from_rows([c.to_row() for c in rows], source=f"{profile.source}@{now_s:.0f}s")
+    table = ProfileTable.from_configs(rows, source=f"{profile.source}@{now_s:.0f}s")
     ctx = PlanningContext(running=tuple(running), incumbent=incumbent)
     return ReplanInput(now_s, table, cluster, ctx, tuple(p.task for p in active))
 

@@ -57,6 +57,7 @@ from ray_saturn.errors import SaturnError
 from ray_saturn.metrics import RunMetrics
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.spec import ClusterSpec
+from ray_saturn.tune._early_stops import EarlyStopModel, early_stop_model
 from ray_saturn.tune._planner import BackgroundPlanner, same_decisions
 from ray_saturn.tune._rows import TrialRejected, TrialRows, trial_rows
 
@@ -66,6 +67,8 @@ logger = logging.getLogger(__name__)
 
 #: Key of ray_saturn's decision in a trial's config.
 DECISION_KEY = "_saturn"
+#: The least wall time between two re-plans (a hook re-plans at most once; a re-plan costs a quick plan).
+HOOK_REPLAN_GAP_S = 0.25
 #: Tune retries are Tune's to decide (FailureConfig); the controller never gives up on its own.
 _NO_LIMIT = 10**9
 
@@ -133,6 +136,8 @@ class SchedulerStats:
     setup_ms: float
     hook_calls: int
     planner: dict[str, float]
+    #: every measured launch latency (release to first result, less the steps trained), seconds
+    launch_latencies_s: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
@@ -155,6 +160,11 @@ class _TrialState:
     warned_steps: bool = False
     paused_by_base: bool = False
     errors: list[str] = field(default_factory=list)
+    #: the base scheduler's early stops for this trial (None: it is planned for all its steps)
+    stops: EarlyStopModel | None = None
+    #: the steps the controller plans it for, and its time_attr units per step (measured)
+    horizon: int | None = None
+    units_per_step: float | None = None
 
 
 class SaturnScheduler(TrialScheduler):
@@ -181,6 +191,11 @@ class SaturnScheduler(TrialScheduler):
         restart_s: seconds a move costs until measured; from the first
             measurement on, the median measured restart (pause, actor start,
             checkpoint restore) is used.
+        expect_early_stops: plan each trial for the steps its base scheduler
+            is expected to let it train (ASHA: to its next rung, past each
+            later rung with probability 1 / reduction_factor; see
+            :mod:`ray_saturn.tune._early_stops`), raised as it passes rungs;
+            ``False`` plans every trial for all its steps.
         cpus_per_trial: CPUs in each trial's bundle besides its GPUs.
         solver_time_limit_s: time limit of each background solve.
         run_name: the ``run`` tag of the dashboard metrics.
@@ -206,6 +221,7 @@ class SaturnScheduler(TrialScheduler):
         policy: str = "saturn-replan",
         objective: str = "makespan",
         restart_s: float = 5.0,
+        expect_early_stops: bool = True,
         cpus_per_trial: float = 1.0,
         solver_time_limit_s: float = 0.5,
         run_name: str | None = None,
@@ -232,6 +248,7 @@ class SaturnScheduler(TrialScheduler):
         self._base = base_scheduler or FIFOScheduler()
         self._cluster = cluster
         self._restart_s = float(restart_s)
+        self._expect_early_stops = bool(expect_early_stops)
         self._cpus = float(cpus_per_trial)
         self._time_limit_s = float(solver_time_limit_s)
         self._clock = clock or time.monotonic
@@ -290,6 +307,7 @@ class SaturnScheduler(TrialScheduler):
             setup_ms=self._setup_ms,
             hook_calls=self._hook_calls,
             planner=self._planner.stats.to_dict(),
+            launch_latencies_s=[round(x, 3) for x in self._latencies],
         )
 
     def close(self) -> None:
@@ -334,6 +352,9 @@ class SaturnScheduler(TrialScheduler):
                 raise  # a set-up error (no cluster): the whole search is wrong, say so
             except Exception as exc:
                 st.rejected = f"the estimate raised {type(exc).__name__}: {exc}"
+            if self._expect_early_stops and st.rows is not None:
+                st.stops = early_stop_model(self._base, trial.trial_id)
+                st.horizon = st.stops.horizon_steps(0, 0, None, st.rows.steps) if st.stops else None
             # Held until the plan releases it: a PAUSED trial has no actor and no resources.
             trial.set_status(Trial.PAUSED)
             if st.rejected is not None:
@@ -371,9 +392,10 @@ class SaturnScheduler(TrialScheduler):
                 st.released_at = None
                 self._update_restart_cost()
             st.steps_done = step
+            grew = self._update_horizon(st, result, step, decision)
             stopping = st.phase == "stopping"
             # While it waits to be paused, it still runs where it was: its speed is not the target's.
-            self._step(now, progress=(trial.trial_id, step, None if stopping else step_time))
+            self._step(now, progress=(trial.trial_id, step, None if stopping else step_time), replan=grew)
             total = st.rows.steps if st.rows else math.inf
             if decision == TrialScheduler.PAUSE and st.phase == "running":
                 st.paused_by_base = True  # its GPUs come back once paused; it waits to be planned again
@@ -432,7 +454,9 @@ class SaturnScheduler(TrialScheduler):
     def _max_gpus_per_node(self) -> int:
         return max(n.gpus for n in self._cluster_spec().nodes)
 
-    def _step(self, now: float, progress: tuple[str, int, float | None] | None = None) -> None:
+    def _step(
+        self, now: float, progress: tuple[str, int, float | None] | None = None, replan: str | None = None
+    ) -> None:
         """Hand the batched events (and a progress report) to the controller and execute its actions."""
         events = []
         if self._arrivals:
@@ -445,7 +469,10 @@ class SaturnScheduler(TrialScheduler):
             else:
                 self._ctl.add_tasks(rows)
             for tid in arrived:
-                self._trials[tid].in_controller = True
+                st = self._trials[tid]
+                st.in_controller = True
+                if st.horizon is not None:
+                    self._ctl.set_total_steps(tid, st.horizon)
                 events.append(TaskArrived(time_s=now, task=tid))
         if self._ended:
             ended, self._ended = self._ended, []
@@ -457,6 +484,8 @@ class SaturnScheduler(TrialScheduler):
         actions = ctl.handle(*events) if events else []
         if progress is not None:
             actions += ctl.report_progress(progress[0], progress[1], now, progress[2])
+        if replan is not None:
+            actions += ctl.request_replan(now, replan)
         wake = ctl.next_wakeup_s()
         if wake is not None and now >= wake:
             actions += ctl.handle(Tick(time_s=now))
@@ -491,7 +520,8 @@ class SaturnScheduler(TrialScheduler):
             self._replan_policy,
             restart_s=self._restart_s,
             solver_time_limit_s=self._time_limit_s,
-            min_replan_gap_s=run.min_replan_gap_s,
+            # At most one re-plan per hook: the ones asked for in the same hook wait for the next one.
+            min_replan_gap_s=max(run.min_replan_gap_s, HOOK_REPLAN_GAP_S),
             drift_replan_gap_s=run.drift_replan_gap_s,
             drift_replan_gap_fraction=run.drift_replan_gap_fraction,
             min_reports=run.min_reports,
@@ -655,6 +685,28 @@ class SaturnScheduler(TrialScheduler):
                 int(total),
                 st.rows.steps,
             )
+
+    def _update_horizon(self, st: _TrialState, result: Mapping[str, Any], step: int, decision: str) -> str | None:
+        """Raise (or lower) the steps the trial is planned for by the rungs it has passed; the reason
+        to re-plan when its horizon grew."""
+        if st.stops is None or st.rows is None or self._ctl is None:
+            return None
+        t = result.get(st.stops.time_attr)
+        if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t):
+            return None
+        if step > 0 and t > 0:
+            st.units_per_step = float(t) / step
+        if decision == TrialScheduler.STOP:
+            return None  # it ends now: its finish tells the controller
+        horizon = st.stops.horizon_steps(float(t), step, st.units_per_step, st.rows.steps)
+        if horizon == st.horizon:
+            return None
+        grew = st.horizon is not None and horizon > st.horizon
+        st.horizon = horizon
+        self._ctl.set_total_steps(st.trial.trial_id, horizon)
+        if grew:
+            return f"{st.trial.trial_id} passed a rung of {type(self._base).__name__} ({st.stops.time_attr}={t:g})"
+        return None
 
     def _update_restart_cost(self) -> None:
         cost = statistics.median(self._latencies)
