@@ -452,7 +452,7 @@ def test_hooks_never_wait_on_the_solver_and_apply_background_plans(fake_tune, mo
     tune.step()  # the finished background plan is applied (or found to change nothing)
     st = s.stats()
     assert st.planner["background_solves"] >= 1
-    assert all(limit == 0.0 for in_hook, limit in calls if in_hook)  # hooks only make the cheap plans
+    assert all(limit <= planner_mod.NO_SEARCH_S for in_hook, limit in calls if in_hook)  # only cheap plans in hooks
     assert any(limit > 0 for in_hook, limit in calls if not in_hook)
     assert st.max_hook_ms < 2000  # generous: a loaded 2-core CI machine
     s.close()

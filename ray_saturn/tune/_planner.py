@@ -48,6 +48,8 @@ __all__ = ["BackgroundPlanner", "PlannerStats", "incumbent_of", "quick_plan", "s
 
 logger = logging.getLogger(__name__)
 
+#: The time limit of a quick plan's solver calls: no search (a limit must be > 0; baselines ignore it).
+NO_SEARCH_S = 1e-3
 #: The baselines whose schedules are candidates of every quick plan (each a list-scheduling pass).
 QUICK_BASELINES = ("fifo-fastest", "fifo-min-gpus", "fifo-whole-node", "optimus-greedy")
 
@@ -88,7 +90,7 @@ def quick_plan(
     problem = build_problem(profile, cluster, context)
     bound = lower_bound(problem, use_lp=False)
     if _policy_name(policy) != "saturn":
-        return solve_problem(problem, policy, time_limit_s=0.0, seed=seed, bound=bound)
+        return solve_problem(problem, policy, time_limit_s=NO_SEARCH_S, seed=seed, bound=bound)
     registered = set(policy_names())
     candidates = [
         get_policy(name).solve(problem, bound, time_limit_s=0.0, seed=seed).schedule

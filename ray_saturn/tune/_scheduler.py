@@ -733,7 +733,7 @@ def _warm_up_solver() -> None:
     from ray_saturn.solver import solve
 
     rows = [{"task": "warm-up", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 1}]
-    solve(ProfileTable.from_rows(rows), ClusterSpec.uniform(1, 1), time_limit_s=0.0)
+    solve(ProfileTable.from_rows(rows), ClusterSpec.uniform(1, 1), time_limit_s=1e-3)
 
 
 def _short(config: Mapping[str, Any], limit: int = 160) -> str:
