@@ -2,7 +2,7 @@
 
 The real path: ``ray-saturn run WORKLOAD`` against a separate Ray head (token
 auth, 127.0.0.1, 2 logical GPUs), every task segment a TorchTrainer run
-(DDP on gloo) that writes DCP checkpoints into the run folder, the folder on
+(one process per task, strategy ``single``) that writes DCP checkpoints into the run folder, the folder on
 a local disk (``--storage local``) or on an S3 endpoint (``--storage s3``:
 moto on 127.0.0.1 with credentials enforced, ``tests/s3_server.py``). The
 workload is a file with its own model class, data function and loss; its
@@ -102,7 +102,7 @@ WORKLOAD = textwrap.dedent(
     STEPS = {STEPS}
     tasks = [
         Task(name, lambda hp: Net(16), bad_data if name == "fm-bad" else data, loss, sgd,
-             {{"seed": i, "fail_at": 20}}, max_steps=n, strategies=("ddp",))
+             {{"seed": i, "fail_at": 20}}, max_steps=n, strategies=("single",))
         for i, (name, n) in enumerate(STEPS.items())
     ]
     '''
@@ -202,7 +202,7 @@ class Bench:
         from ray_saturn import ProfileTable
 
         ProfileTable.from_rows(
-            [{"task": t, "strategy": "ddp", "gpus": 1, "step_time_s": STEP_S, "steps": n} for t, n in steps.items()]
+            [{"task": t, "strategy": "single", "gpus": 1, "step_time_s": STEP_S, "steps": n} for t, n in steps.items()]
         ).write(path)
 
     def run_dir(self, name: str) -> str:
