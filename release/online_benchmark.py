@@ -113,6 +113,10 @@ def simulate_one(k: int, policy: str, *, solver_time_limit_s: float, root: Path 
     t0 = time.perf_counter()
     r = simulate(profile, cluster, name, cfg)
     jcts = [t.finish_s - t.arrival_s for t in r.tasks]
+    app_of = {j["name"]: j["app"] for j in workload_jobs(k, root)}
+    by_app: dict[str, list[float]] = {}
+    for t in r.tasks:
+        by_app.setdefault(app_of[t.task], []).append(t.finish_s - t.arrival_s)
     return {
         "workload": k,
         "policy": policy,
@@ -123,6 +127,7 @@ def simulate_one(k: int, policy: str, *, solver_time_limit_s: float, root: Path 
         "solver_time_s": round(r.solver_time_s, 1),
         "wall_s": round(time.perf_counter() - t0, 1),
         "utilisation": round(r.utilisation, 4),
+        "mean_jct_by_app_s": {a: round(sum(v) / len(v), 1) for a, v in sorted(by_app.items())},
         "command": f"python release/online_benchmark.py --workload {k} --policy {policy}",
     }
 

@@ -20,7 +20,11 @@ from helpers import brute_force_total_completion, random_instance, rows_profile
 from ray_saturn import ClusterSpec, ProfileTable
 from ray_saturn.context import PlanningContext
 from ray_saturn.control import Controller, TaskArrived, TaskFinished
+from ray_saturn.control.controller import ARRIVAL_WINDOW_S
+from ray_saturn.control.moves import decide_moves
+from ray_saturn.control.state import Placement
 from ray_saturn.errors import SpecError
+from ray_saturn.plan import Assignment, Plan
 from ray_saturn.sim import SimConfig, oracle_completion_bound, simulate
 from ray_saturn.solver import build_problem, solve
 from ray_saturn.solver.completion_bound import completion_lower_bound, srpt_total, wspt_mean_busy_bound
@@ -162,7 +166,6 @@ def test_online_objective_keeps_the_makespan_near_the_best():
 
 
 def test_objective_gain_respects_the_online_slack():
-    from ray_saturn.plan import Assignment, Plan
 
     keep = Plan("saturn", 100.0, 50.0, 0.0, "feasible",
                 [Assignment("a", "ddp", 1, ("n",), 0.0, 100.0), Assignment("b", "ddp", 1, ("n",), 0.0, 90.0)])
@@ -198,6 +201,48 @@ def test_controller_shrinks_a_long_job_for_a_short_arrival():
         ends[objective] = ctl.plan.by_task()["short"].end_s + 100.0
     assert ends["completion"] < ends["makespan"]
     ctl.handle(TaskFinished(time_s=ends["completion"], task="short"))
+
+
+def test_online_objective_pauses_a_long_job_for_a_short_arrival():
+    """SRPT preemption: one GPU, a long job runs, a short one arrives. The job cannot shrink, so under
+    ``online`` it is stopped with a checkpoint, the short one runs, and the long one restarts after it
+    (paying its restart); ``makespan`` (and a controller that may not pause) lets the short one wait."""
+    profile = rows_profile(("long", [(1, 1.0)], 1000), ("short", [(1, 1.0)], 50))
+    cluster = ClusterSpec.uniform(1, 1)
+    out = {}
+    for objective in ("makespan", "online"):
+        cfg = SimConfig(arrivals={"long": 0.0, "short": 100.0}, objective=objective, restart_s=5.0,
+                        solver_time_limit_s=0.5, deterministic=True)
+        out[objective] = r = simulate(profile, cluster, "saturn-replan", cfg)
+        jct = {t.task: t.finish_s - t.arrival_s for t in r.tasks}
+        if objective == "online":
+            assert r.moves == 1 and jct["short"] == pytest.approx(50.0)
+            long_segs = next(t for t in r.tasks if t.task == "long").segments
+            assert [(s.start_s, s.end_s) for s in long_segs] == [(0.0, 100.0), (150.0, 1055.0)]
+        else:
+            assert r.moves == 0 and jct["short"] == pytest.approx(950.0)
+    assert out["online"].mean_completion_s < out["makespan"].mean_completion_s
+    # The move rule: a move whose task restarts later is refused unless waiting is allowed.
+    here = Placement("ddp", 1, ("n0",))
+    later = Plan("saturn", 60.0, 40.0, 0.1, "feasible", [Assignment("a", "ddp", 1, ("n0",), 30.0, 90.0, setup_s=5.0)])
+    assert not decide_moves({"a": here}, later, keep_makespan_s=100.0, restart_s=5.0, gain_s=50.0)[0].move
+    assert decide_moves({"a": here}, later, keep_makespan_s=100.0, restart_s=5.0, gain_s=50.0, allow_wait=True)[0].move
+
+
+def test_arrival_pricing_ends_when_arrivals_stop():
+    """``online`` prices a plan's GPU-seconds by the recent arrival rate; once no job has arrived for
+    the window, a re-plan is priced at 0 again (it used to keep the last price, so long jobs stayed
+    narrow on an idle cluster after the arrivals ended)."""
+    profile = rows_profile(*[(t, [(1, 1.0), (2, 0.6)], 100_000) for t in ("a", "b")])
+    ctl = Controller(profile, ClusterSpec.uniform(1, 4), "saturn-replan", restart_s=1.0, solver_time_limit_s=0.5,
+                     objective="online", deterministic=True)
+    ctl.start(0.0, arrived=["a"])
+    ctl.handle(TaskArrived(time_s=10.0, task="b"))
+    assert ctl._solver_policy.options.area_weight > 0
+    late = 10.0 + 2 * ARRIVAL_WINDOW_S  # "a" finishes far before its planned end: a re-plan, no arrival
+    ctl.handle(TaskFinished(time_s=late, task="a"))
+    assert ctl.replans[-1].time_s == pytest.approx(late)
+    assert ctl._solver_policy.options.area_weight == 0
 
 
 def test_simulated_online_run_beats_makespan_objective_on_arrivals():

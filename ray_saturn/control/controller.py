@@ -588,7 +588,7 @@ class Controller:
         }
         limit = self.solver_time_limit_s
         area_weight = self._future_load(inp, now)
-        if area_weight:
+        if self.objective == "online":  # priced by the present arrival rate (0 once arrivals stop)
             self._solver_policy = solver_policy(
                 self.policy.solver_policy, objective=self.objective, deterministic=self._deterministic,
                 area_weight=area_weight,
@@ -600,7 +600,10 @@ class Controller:
             assert keep_inp is not None
             keep = self._call_solver(keep_inp, max(0.1, limit / 2))
             gain = objective_gain(keep, plan, self.objective, self._weights, area_weight)
-            decisions = decide_moves(running, plan, keep.makespan_s, self._move_costs(running, plan), gain_s=gain)
+            decisions = decide_moves(
+                running, plan, keep.makespan_s, self._move_costs(running, plan), gain_s=gain,
+                allow_wait=self.objective == "online",
+            )
             if not all(d.move for d in decisions):
                 plan, inp = keep, keep_inp
         solver_time = time.perf_counter() - t0

@@ -78,13 +78,17 @@ def decide_moves(
     restart_s: float | Mapping[str, float],
     *,
     gain_s: float | None = None,
+    allow_wait: bool = False,
 ) -> list[MoveDecision]:
     """One decision per running task that ``move_plan`` moves (empty: it moves none).
 
     ``restart_s`` is the restart cost of a move, or per task (stop, save,
     the target's start-up, load). ``gain_s``: the predicted gain when the
     objective is not the makespan (e.g. the weighted completion seconds
-    saved); by default the makespan saved.
+    saved); by default the makespan saved. ``allow_wait``: a moved task may
+    restart later than now (stopped with a checkpoint while others run, as the
+    ``online`` objective's SRPT preemption does); otherwise every moved task
+    must restart at once.
     """
     moved = moved_tasks(running, move_plan)
     if not moved:
@@ -92,7 +96,9 @@ def decide_moves(
     costs = {t: float(restart_s[t]) if isinstance(restart_s, Mapping) else float(restart_s) for t in moved}
     gain = keep_makespan_s - move_plan.makespan_s if gain_s is None else gain_s
     cost = sum(costs.values())
-    waiting = {t: move_plan.assignment(t).start_s for t in moved if move_plan.assignment(t).start_s > _NOW_S}
+    waiting = {} if allow_wait else {
+        t: move_plan.assignment(t).start_s for t in moved if move_plan.assignment(t).start_s > _NOW_S
+    }
     accept = gain > cost and not waiting
     if accept:
         reason = f"moving {len(moved)} task(s) gains {gain:.1f} s > restart cost {cost:.1f} s"

@@ -87,6 +87,7 @@ def completion_schedule(
     *,
     keep_running: bool,
     cap: int | None = None,
+    pause: bool = False,
 ) -> Schedule:
     """Serial schedule generation with the option picked per task (see the module docstring).
 
@@ -116,22 +117,22 @@ def completion_schedule(
     # Running tasks still to place restart at once: a queued task starting at 0 must leave them the
     # GPUs of their smallest option (counted over the cluster; a node-level misfit drops the candidate).
     waiting_running = [t for t in range(n) if not done[t] and problem.pinned_option(t) is not None]
-    reserve = sum(min(o.gpus for o in problem.options[t]) for t in waiting_running)
+    reserve = 0 if pause else sum(min(o.gpus for o in problem.options[t]) for t in waiting_running)
     free_at_0 = sum(p.cap - p.used_at(0.0) for p in profiles)
     for t in order:
         if done[t]:
             continue
         opts = problem.options[t]
         running = problem.pinned_option(t) is not None
-        if running:
+        if running and not pause:
             reserve -= min(o.gpus for o in opts)
         # The GPU cap (a share of the cluster) applies unless no option fits under it.
         limit = cap if cap is not None and any(o.gpus <= cap for o in opts) else math.inf
         areas = [o.area for o in opts if not o.pinned and o.gpus <= limit]
         least = min(areas) if areas else math.inf
         r = float(problem.release[t])
-        # A running task that moves restarts at once (the controller stops no task to wait).
-        at_once = any(o.pinned for o in opts)
+        # A running task that moves restarts at once, unless it may be paused.
+        at_once = any(o.pinned for o in opts) and not pause
         best: tuple[float, int, int, float, tuple[int, ...]] | None = None  # (end, gpus, option, start, nodes)
         for j, o in enumerate(opts):
             d = o.duration_s
@@ -217,16 +218,20 @@ def completion_search(
     area_weight: float = 0.0,
     time_limit_s: float = 10.0,
     max_evaluations: int | None = None,
+    pause: bool | None = None,
 ) -> CompletionResult:
     """The best schedule found for ``objective`` (``completion`` or ``online``).
 
     ``reference``: schedules from elsewhere (e.g. the makespan search): they
     set the best makespan the ``online`` objective stays close to, and are
-    candidates themselves.
+    candidates themselves. ``pause``: running tasks may be stopped to restart
+    later (default: for ``online``); see :func:`completion_schedule`.
     """
     if objective not in ("completion", "online"):
         raise ValueError(f"completion_search optimises completion or online, not {objective}")
     deadline = time.perf_counter() + max(0.0, time_limit_s)
+    if pause is None:
+        pause = objective == "online"
     has_running = any(problem.pinned_option(t) is not None for t in range(problem.num_tasks))
     modes = (True, False) if has_running else (True,)
     cands: list[tuple[Schedule, list[int], tuple, bool]] = []  # (schedule, order, (efficiency, cap), keep)
@@ -238,7 +243,7 @@ def completion_search(
             for e, cap in rules:
                 evaluated += 1
                 try:
-                    sched = completion_schedule(problem, order, e, keep_running=keep, cap=cap)
+                    sched = completion_schedule(problem, order, e, keep_running=keep, cap=cap, pause=pause)
                 except InfeasibleError:
                     if keep:
                         raise
@@ -272,7 +277,7 @@ def completion_search(
             cand = [*order[:i], order[i + 1], order[i], *order[i + 2 :]]
             evaluated += 1
             try:
-                s = completion_schedule(problem, cand, eff[0], keep_running=keep, cap=eff[1])
+                s = completion_schedule(problem, cand, eff[0], keep_running=keep, cap=eff[1], pause=pause)
             except InfeasibleError:
                 i += 1
                 tries += 1
