@@ -19,7 +19,7 @@ from helpers import brute_force_total_completion, random_instance, rows_profile
 
 from ray_saturn import ClusterSpec, ProfileTable
 from ray_saturn.context import PlanningContext
-from ray_saturn.control import Controller, TaskArrived, TaskFinished
+from ray_saturn.control import Controller, NodeAdded, TaskArrived, TaskFinished
 from ray_saturn.control.controller import ARRIVAL_WINDOW_S
 from ray_saturn.control.moves import decide_moves
 from ray_saturn.control.state import Placement
@@ -29,6 +29,7 @@ from ray_saturn.sim import SimConfig, oracle_completion_bound, simulate
 from ray_saturn.solver import build_problem, solve
 from ray_saturn.solver.completion_bound import completion_lower_bound, srpt_total, wspt_mean_busy_bound
 from ray_saturn.solver.objective import objective_gain, parse_objective
+from ray_saturn.spec import NodeSpec
 
 # ----------------------------------------------------------------- objective names
 
@@ -239,8 +240,8 @@ def test_arrival_pricing_ends_when_arrivals_stop():
     ctl.start(0.0, arrived=["a"])
     ctl.handle(TaskArrived(time_s=10.0, task="b"))
     assert ctl._solver_policy.options.area_weight > 0
-    late = 10.0 + 2 * ARRIVAL_WINDOW_S  # "a" finishes far before its planned end: a re-plan, no arrival
-    ctl.handle(TaskFinished(time_s=late, task="a"))
+    late = 10.0 + 2 * ARRIVAL_WINDOW_S  # a node joins long after the last arrival: a re-plan, no arrival
+    ctl.handle(NodeAdded(time_s=late, node=NodeSpec("node-9", 2)))
     assert ctl.replans[-1].time_s == pytest.approx(late)
     assert ctl._solver_policy.options.area_weight == 0
 
