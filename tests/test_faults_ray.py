@@ -167,6 +167,8 @@ def test_a_sigkilled_emulate_is_private_resumable_and_leaves_ray_usable(tmp_path
             pass  # it never got in
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
+        # What the run had recorded when it died (tasks went on during the checks above).
+        at_kill = store.read_json(STATE_FILE)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -191,14 +193,17 @@ def test_a_sigkilled_emulate_is_private_resumable_and_leaves_ray_usable(tmp_path
     assert result["state"] == "finished"
     tasks = {t["task"]: t for t in result["tasks"]}
     every = 100  # the emulation checkpoints every 1 / time-scale profile seconds: 100 steps of 1 s
+    resumed = 0
     for name, was in at_kill["tasks"].items():
         assert tasks[name]["state"] == "finished" and tasks[name]["steps_done"] == was["total_steps"]
         new = tasks[name]["segments"][len(was["segments"]):]
         if was["state"] == "finished":
             assert not new, f"{name} finished before the kill and ran again"
-        elif was["segments"]:
+        elif was["segments"] and new:  # (none: its last checkpoint was its last step, written before the kill)
+            resumed += 1
             lost = was["steps_done"] - new[0]["steps_start"]
             assert lost <= every + 60, f"{name} lost {lost} steps (more than one checkpoint interval)"
+    assert resumed, "no task was mid-way at the kill and continued from its checkpoint"
     assert result["realised_makespan_s"] >= at_kill["time_s"], "the run's history was kept"
     kinds = [e["kind"] for e in RunStorage(run_dir).read_jsonl(EVENTS_FILE)]
     assert "resume" in kinds
