@@ -659,12 +659,14 @@ def test_tuner_moves_a_trial_to_more_gpus_and_it_resumes_from_its_checkpoint(loc
         ]
 
     # Side by side on 1 GPU each (planned); "short" is stopped after its first report, so "long" can
-    # have both GPUs: the move pays for itself when the long trial has most of its steps left.
+    # have both GPUs: the move pays for itself when the long trial has most of its steps left. (1 s a
+    # step: the gain, ~0.45 s a step over ~40 steps, must clear the restart cost the scheduler measures
+    # from the trials' launches, 5-8 s on 2 loaded cores; at 0.6 s a step it was a coin toss.)
     scheduler = SaturnScheduler(rows, restart_s=2.0, cpus_per_trial=0.25)
     stop_short = tune.stopper.FunctionStopper(lambda tid, result: result["config"]["name"] == "short")
     tuner = tune.Tuner(
         saturn_trainable(functools.partial(slow_task, max_steps=steps), report_every=4),
-        param_space={"name": tune.grid_search(["long", "short"]), "delay_s": 0.6},
+        param_space={"name": tune.grid_search(["long", "short"]), "delay_s": 1.0},
         tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=scheduler, reuse_actors=False),
         run_config=tune.RunConfig(name="saturn-move", storage_path=str(tmp_path), verbose=0, stop=stop_short),
     )
