@@ -92,8 +92,8 @@ def _state():
     return {
         "driver_state": "finished", "replans": 2, "moves": 1, "planned_makespan_s": 20.0,
         "tasks": {
-            "t0": {"task": "t0", "state": "finished", "loss": 1.5, "steps_done": 10, "total_steps": 10, "strategy": "single",
-                   "gpus": 1, "segments": [seg("ddp", 2, 0.0, 4.0), seg("single", 1, 5.0, 12.0)]},
+            "t0": {"task": "t0", "state": "finished", "loss": 1.5, "steps_done": 10, "total_steps": 10,
+                   "strategy": "single", "gpus": 1, "segments": [seg("ddp", 2, 0.0, 4.0), seg("single", 1, 5.0, 12.0)]},
             "t1": {"task": "t1", "state": "finished", "loss": 0.25, "steps_done": 10, "total_steps": 10,
                    "segments": [seg("ddp", 2, 0.0, 9.0)]},
         },
