@@ -525,27 +525,6 @@ def _processes_under(temp: str) -> list[int]:
     return out
 
 
-def _cluster_environ(pid: int) -> dict[str, str]:
-    """The environment the emulating process ``pid`` gave the Ray processes it started.
-
-    (``/proc/PID/environ`` of ``pid`` itself shows its environment at exec, not what it set later.)
-    """
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            status = (entry / "status").read_text()
-            ppid = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("PPid:")))
-            if ppid != pid:
-                continue
-            env = dict(ln.split("=", 1) for ln in (entry / "environ").read_text().split("\0") if "=" in ln)
-        except (OSError, StopIteration, ValueError):
-            continue
-        if "RAY_TMPDIR" in env:
-            return env
-    return {}
-
-
 def _a_train_worker_pid() -> int:
     import ray._private.state as ray_state
     from ray.core.generated import gcs_pb2
@@ -684,6 +663,8 @@ def s_task_raises(b: Bench) -> list[Row]:
 
 def s_emulate_killed(b: Bench) -> list[Row]:
     """`ray-saturn emulate` SIGKILLed: auth was on, no machine-wide address file, plain ray.init() works, resume."""
+    from ray_head import cluster_environ
+
     t0 = time.monotonic()
     d = b.run_dir("emulate-killed")
     prof = b.work / "emu.csv"
@@ -711,7 +692,7 @@ def s_emulate_killed(b: Bench) -> list[Row]:
             return st if going and any(r["state"] == "finished" for r in t) else None
 
         b.wait("the emulated run is mid-way", mid, p)
-        private = _cluster_environ(p.pid)
+        private = cluster_environ(p.pid)
         if private.get("RAY_AUTH_MODE") != "token" or len(private.get("RAY_AUTH_TOKEN", "")) < 32:
             raise Failed("the emulated cluster runs without token auth")
         addr = (Path(private["RAY_TMPDIR"]) / "ray" / "ray_current_cluster").read_text().strip()

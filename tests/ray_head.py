@@ -102,3 +102,24 @@ def ray_head(*, num_cpus: int = 2, num_gpus: int = 4) -> Iterator[Head]:
         shutil.rmtree(temp_dir, ignore_errors=True)
         with contextlib.suppress(OSError):
             log_path.unlink()
+
+
+def cluster_environ(pid: int) -> dict[str, str]:
+    """The environment the emulating process ``pid`` gave the Ray processes it started.
+
+    (``/proc/PID/environ`` of ``pid`` itself shows its environment at exec, not what it set later.)
+    """
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            ppid = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("PPid:")))
+            if ppid != pid:
+                continue
+            env = dict(ln.split("=", 1) for ln in (entry / "environ").read_text().split("\0") if "=" in ln)
+        except (OSError, StopIteration, ValueError):
+            continue
+        if "RAY_TMPDIR" in env:
+            return env
+    return {}

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ray_head import cluster_environ
 
 ray = pytest.importorskip("ray")
 
@@ -55,27 +56,6 @@ def _actor_state(handle) -> str:
     from ray._private.state import actors
 
     return actors(handle._actor_id.hex()).get("State", "DEAD")
-
-
-def _cluster_environ(pid: int) -> dict[str, str]:
-    """The environment the emulating process ``pid`` gave the Ray processes it started.
-
-    (``/proc/PID/environ`` of ``pid`` itself shows its environment at exec, not what it set later.)
-    """
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            status = (entry / "status").read_text()
-            ppid = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("PPid:")))
-            if ppid != pid:
-                continue
-            env = dict(ln.split("=", 1) for ln in (entry / "environ").read_text().split("\0") if "=" in ln)
-        except (OSError, StopIteration, ValueError):
-            continue
-        if "RAY_TMPDIR" in env:
-            return env
-    return {}
 
 
 def test_reclaim_ends_what_a_dead_driver_left_and_nothing_of_a_live_one():
@@ -149,7 +129,7 @@ def test_a_sigkilled_emulate_is_private_resumable_and_leaves_ray_usable(tmp_path
             return st if done and going else None
 
         at_kill = _wait(progress, "the emulated run finishes a task while another is 300 steps in")
-        private = _cluster_environ(proc.pid)
+        private = cluster_environ(proc.pid)
         assert private.get("RAY_AUTH_MODE") == "token" and len(private.get("RAY_AUTH_TOKEN", "")) == 64, private
         address = (Path(private["RAY_TMPDIR"]) / "ray" / "ray_current_cluster").read_text().strip()
         assert address.startswith("127.0.0.1:"), address
