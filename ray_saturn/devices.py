@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ray_saturn.errors import PlanError, SpecError
@@ -90,21 +91,15 @@ def check_devices(plan: Plan, cluster: ClusterSpec, *, tol: float = 1e-6) -> Non
     for n, evs in events.items():
         if not any(e[2] is not None for e in evs):
             continue  # no device named on this node: the node-level check of the validator covers it
-        evs.sort(key=lambda e: (e[0], e[1]))
         load: dict[int, float] = {}
         anonymous = 0.0
-        i = 0
-        while i < len(evs):
-            t0 = evs[i][0]
-            j = i
-            while j < len(evs) and evs[j][0] - t0 <= tol * max(1.0, abs(t0)):
-                j += 1
-            for _, _, d, amount, _ in evs[i:j]:
+        for t0, group in simultaneous(evs, tol):
+            for _, _, d, amount, _ in group:
                 if d is None:
                     anonymous += amount
                 else:
                     load[d] = load.get(d, 0.0) + amount
-            starting = sorted({e[4] for e in evs[i:j] if e[1] == 1})
+            starting = sorted({e[4] for e in group if e[1] == 1})
             for d, x in load.items():
                 if x > 1.0 + _SLACK:
                     raise PlanError(
@@ -117,7 +112,20 @@ def check_devices(plan: Plan, cluster: ClusterSpec, *, tol: float = 1e-6) -> Non
                     f"node {n!r} has {busy} device(s) in use and {anonymous:g} more whole GPU(s) at {t0:.3f} s "
                     f"but {gpus[n]} GPUs (tasks starting then: {', '.join(starting)})"
                 )
-            i = j
+
+
+def simultaneous(events: list[tuple], tol: float) -> Iterator[tuple[float, list[tuple]]]:
+    """Sort ``events`` (``(time, kind, ...)``, kind 0 = end before 1 = start) and yield each instant
+    ``(t0, events within tol x max(1, |t0|) of it)``: the validator's sweeps treat those as simultaneous."""
+    events.sort(key=lambda e: (e[0], e[1]))
+    i = 0
+    while i < len(events):
+        t0 = events[i][0]
+        j = i
+        while j < len(events) and events[j][0] - t0 <= tol * max(1.0, abs(t0)):
+            j += 1
+        yield t0, events[i:j]
+        i = j
 
 
 def refuse_unexecuted(profile: ProfileTable, what: str = "the runtime") -> None:

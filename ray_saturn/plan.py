@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ray_saturn.context import PlanningContext
-from ray_saturn.devices import check_devices
+from ray_saturn.devices import check_devices, simultaneous
 from ray_saturn.errors import PlanError, ProfileError
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.spec import ClusterSpec
@@ -348,22 +348,15 @@ only on nodes of that type; the makespan is the last end; the lower bound is not
         raise PlanError(f"the plan assigns task(s) {', '.join(extra[:5])} that are not in the profile")
     for n, evs in events.items():
         # Treat events within tol of each other as simultaneous: ends first.
-        evs.sort(key=lambda e: (e[0], e[1]))
         used = 0
-        i = 0
-        while i < len(evs):
-            t0 = evs[i][0]
-            j = i
-            while j < len(evs) and evs[j][0] - t0 <= tol * max(1.0, abs(t0)):
-                j += 1
-            used += sum(e[2] for e in evs[i:j])
+        for t0, group in simultaneous(evs, tol):
+            used += sum(e[2] for e in group)
             if used > node_gpus[n] + 1e-9:
-                tasks = sorted({e[3] for e in evs[i:j]})
+                tasks = sorted({e[3] for e in group})
                 raise PlanError(
                     f"node {n!r} holds {used} GPUs at {t0:.3f} s but has {node_gpus[n]} "
                     f"(tasks starting then: {', '.join(tasks)})"
                 )
-            i = j
     check_devices(plan, cluster, tol=tol)
     if not _close(plan.makespan_s, latest_end, tol):
         raise PlanError(f"the plan's makespan {plan.makespan_s} is not its last end time {latest_end}")
