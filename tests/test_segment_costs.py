@@ -3,6 +3,7 @@ load in a trial's workers, and a TorchTrainer's start-up probed once per GPU cou
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -41,9 +42,32 @@ def test_store_keeps_segment_costs_and_start_up_probes_and_reads_older_stores(tm
     old = pq.read_table(path).drop_columns(["setup_s", "checkpoint_save_s", "checkpoint_load_s"])
     pq.write_table(old, path)
     assert ProfileStore(path).get("sig", "ddp", 2, 1).setup_s is None
+    # Probes are kept per number of trainers started side by side; a file written before that reads as 1.
+    store.put_startup("cpu", 1, 1, 25.0, 1.5, side_by_side=2)
+    store.flush()
+    again = ProfileStore(path)
+    assert again.startup("cpu", 1, 1, 2) == (25.0, 1.5) and again.startup("cpu", 1, 1) is None
+    rows = json.loads(Path(again.startup_path).read_text())
+    assert {r["side_by_side"] for r in rows} == {1, 2}
+    Path(again.startup_path).write_text(json.dumps([{k: v for k, v in r.items() if k != "side_by_side"}
+                                                    for r in rows if r["gpus"] == 2]))
+    assert ProfileStore(path).startup("cpu", 2, 1) == (17.5, 1.0)
     Path(again.startup_path).write_text("not json")
     with pytest.raises(ProfileError, match="start-up store"):
         ProfileStore(path)
+
+
+def test_start_up_probe_runs_as_many_trainers_side_by_side_as_the_run_starts():
+    two = ClusterSpec.uniform(1, 2)
+    p = Profiler(two)
+    # A run's first plan starts one segment per free GPU: on 2 GPUs two 1-GPU trainers at once.
+    assert p.side_by_side(two, 1) == 2 and p.side_by_side(two, 2) == 1
+    assert p.side_by_side(ClusterSpec.uniform(4, 8), 1) == 8 and p.side_by_side(ClusterSpec.uniform(4, 8), 4) == 8
+    assert p.side_by_side(ClusterSpec.uniform(1, 1), 2) == 1
+    assert Profiler(two, startup_side_by_side=1).side_by_side(two, 1) == 1
+    for bad in (0, 1.5, True):
+        with pytest.raises(ray_saturn.SpecError, match="startup_side_by_side"):
+            Profiler(two, startup_side_by_side=bad)
 
 
 def test_knobs_for_is_the_one_reader_of_the_knobs_column():
@@ -77,5 +101,28 @@ def test_profile_has_start_up_and_checkpoint_columns(tmp_path):
         again = Profiler(ClusterSpec.from_ray(), **kw).run([mlp_task("n", width=48)]).table
         assert time.monotonic() - t0 < row.startup_s + 30
         assert again.get("n", "single", 1).startup_s > 1.0
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.ray
+def test_start_up_probe_side_by_side_on_two_gpus(tmp_path):
+    """Two trainers started at once on 2 logical GPUs: the profile's start-up is theirs, kept under 2."""
+    ray = pytest.importorskip("ray")
+    from ray_saturn.profiler.segment import probe_trainer_startup
+
+    root = str(Path(ray_saturn.__file__).resolve().parents[1])
+    ray.init(address="local", num_gpus=2, num_cpus=2, include_dashboard=False,
+             runtime_env={"env_vars": {"PYTHONPATH": root}})
+    try:
+        pair = probe_trainer_startup(1, side_by_side=2)
+        assert pair.side_by_side == 2 and 1.0 < pair.start_s <= pair.slowest_s
+        store = str(tmp_path / "store.parquet")
+        result = Profiler(ClusterSpec.from_ray(), strategies=["single"], warmup=1, steps=2, store=store).run(
+            [mlp_task("m")]
+        )
+        kept = {(r["gpus"], r["side_by_side"]) for r in json.loads(Path(ProfileStore(store).startup_path).read_text())}
+        assert kept == {(1, 2)}
+        assert result.table.get("m", "single", 1).startup_s > 1.0
     finally:
         ray.shutdown()

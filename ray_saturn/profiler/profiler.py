@@ -21,9 +21,14 @@ factory's time per batch, measured in the trial and included in
 ``step_time_s``: a run draws a batch every step); and, unless
 ``segment_costs=False``, what a segment costs besides its steps
 (:mod:`ray_saturn.profiler.segment`): ``startup_s`` (a TorchTrainer's start
-on that many GPUs, probed once per GPU count and hardware and kept in the
-store, plus the task's model build and strategy set-up before its first
-step), ``checkpoint_save_s`` and ``checkpoint_load_s``.
+on that many GPUs, plus the task's model build and strategy set-up before
+its first step), ``checkpoint_save_s`` and ``checkpoint_load_s``. The
+trainer start is probed under the concurrency the run will have: as many
+trainers of that many GPUs started side by side as the cluster holds
+(``startup_side_by_side``, default: its GPUs over the trial's, at most 8),
+as a run's first plan starts one segment per free GPU at once; on a small
+machine two trainers started together each take far longer than one alone.
+Probes are kept in the store per (GPU count, side by side, hardware).
 
 Example:
     >>> import ray, ray_saturn
@@ -54,6 +59,9 @@ from ray_saturn.strategies.registry import get_strategy, strategy_names
 __all__ = ["ProfileResult", "Profiler", "knobs_for", "profile"]
 
 log = logging.getLogger(__name__)
+
+#: The most trainers the start-up probe starts at once (a GPU node's worth of one-GPU segments).
+MAX_SIDE_BY_SIDE = 8
 
 
 def knobs_for(table: ProfileTable, task: str, strategy: str, gpus: int, nodes: int = 1) -> dict[str, Any]:
@@ -141,6 +149,7 @@ class Profiler:
         memory_limit_gb: float | None = None,
         max_concurrent: int | None = None,
         segment_costs: bool = True,
+        startup_side_by_side: int | None = None,
     ) -> None:
         if warmup < 0 or steps < 1:
             raise SpecError(f"warmup={warmup}, steps={steps}: give warmup >= 0 and steps >= 1")
@@ -164,6 +173,29 @@ class Profiler:
         self.min_improvement = float(min_improvement)
         self.max_concurrent = max_concurrent
         self.segment_costs = bool(segment_costs)
+        if startup_side_by_side is not None and (
+            isinstance(startup_side_by_side, bool)
+            or not isinstance(startup_side_by_side, int)
+            or startup_side_by_side < 1
+        ):
+            raise SpecError(
+                f"startup_side_by_side is {startup_side_by_side!r}; give a whole number >= 1 (trainers "
+                "started at once by the start-up probe) or None (as many as the cluster holds)"
+            )
+        self.startup_side_by_side = startup_side_by_side
+
+    def side_by_side(self, cluster: ClusterSpec, gpus: int) -> int:
+        """Trainers of ``gpus`` GPUs the start-up probe starts at once: ``startup_side_by_side``, else as
+        many as ``cluster`` holds (a run's first plan starts that many segments together), at most 8.
+
+        Example:
+            >>> p = Profiler(ClusterSpec.uniform(1, 2))
+            >>> p.side_by_side(ClusterSpec.uniform(1, 2), 1), p.side_by_side(ClusterSpec.uniform(1, 2), 2)
+            (2, 1)
+        """
+        if self.startup_side_by_side is not None:
+            return self.startup_side_by_side
+        return max(1, min(MAX_SIDE_BY_SIDE, cluster.total_gpus // max(1, gpus)))
 
     # ------------------------------------------------------------------ planning
     def _hardware(self) -> str:
@@ -225,7 +257,7 @@ class Profiler:
         startup: dict[tuple[int, int], float] | None = None
         if self.segment_costs:
             shapes = {(t.gpus, t.nodes) for t in outcome.measured.values() if t.feasible}
-            startup = self._trainer_startup(hardware, sorted(shapes))
+            startup = self._trainer_startup(hardware, sorted(shapes), cluster)
         self.store.flush()
         table = self._table(tasks, sigs, outcome.measured, outcome.cached, startup)
         result = ProfileResult(
@@ -240,23 +272,27 @@ class Profiler:
         log.info("%s", result.summary())
         return result
 
-    def _trainer_startup(self, hardware: str, shapes: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
-        """Trainer start (``fit()`` to the loop) per (gpus, nodes): from the store, else probed now."""
+    def _trainer_startup(
+        self, hardware: str, shapes: list[tuple[int, int]], cluster: ClusterSpec
+    ) -> dict[tuple[int, int], float]:
+        """Trainer start (``fit()`` to the loop) per (gpus, nodes), with as many trainers started side by
+        side as :meth:`side_by_side` says: from the store, else probed now."""
         from ray_saturn.profiler.segment import probe_trainer_startup
 
         out = {}
         for g, n in shapes:
-            known = self.store.startup(hardware, g, n)
+            k = self.side_by_side(cluster, g)
+            known = self.store.startup(hardware, g, n, k)
             if known is None:
                 try:
-                    probe = probe_trainer_startup(g, n)
+                    probe = probe_trainer_startup(g, n, side_by_side=k)
                 except Exception as exc:
                     raise ProfileError(
                         f"the trainer start-up probe on {g} GPU(s) failed ({type(exc).__name__}: "
                         f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}); "
                         "profile with segment_costs=False to leave start-up out of the plan"
                     ) from None
-                self.store.put_startup(hardware, g, n, probe.start_s, probe.stop_s)
+                self.store.put_startup(hardware, g, n, probe.start_s, probe.stop_s, k)
                 known = (probe.start_s, probe.stop_s)
             out[(g, n)] = known[0]
         return out
@@ -340,7 +376,8 @@ def profile(
     :class:`Profiler` (``strategies``, ``store`` (Parquet cache path),
     ``warmup``, ``steps``, ``trial_timeout_s``, ``min_improvement``,
     ``memory_limit_gb``, ``segment_costs`` (start-up and checkpoint columns,
-    default on), ...). ``output`` also writes the table (.csv or
+    default on), ``startup_side_by_side`` (trainers the start-up probe starts
+    at once; default as many as the cluster holds), ...). ``output`` also writes the table (.csv or
     .parquet). The cost is logged; use ``Profiler(...).run(tasks)`` to get it.
 
     Example:

@@ -15,13 +15,19 @@ can include them (profile columns ``startup_s``, ``checkpoint_save_s``,
   batches at every epoch boundary; the profile adds it to the step time).
   Collective: every worker of the trial calls it; each figure is the
   slowest worker's.
-- :func:`probe_trainer_startup` starts a TorchTrainer of ``gpus`` workers
-  whose loop returns at once, as the launcher starts a segment, and
-  measures ``fit()`` to the loop's first line (``start_s``: Ray Train's
-  controller, worker group, process start, imports, process group) and the
-  loop's end to ``fit()`` returning (``stop_s``). It depends on the
-  cluster, not on the task, so the profiler runs it once per GPU count and
-  hardware and keeps it in its store.
+- :func:`probe_trainer_startup` starts ``side_by_side`` TorchTrainers of
+  ``gpus`` workers each at the same moment, each ``fit()`` in a thread of
+  its own as the run's launcher starts segments, whose loops return at
+  once, and measures ``fit()`` to the loop's first line (``start_s``: Ray
+  Train's controller, worker group, process start, imports, process group)
+  and the loop's end to ``fit()`` returning (``stop_s``), each the mean over
+  the trainers. A run starts as many segments at once as the cluster holds
+  (its first plan starts every GPU's task together), and on a small machine
+  trainers started side by side take far longer than one alone, so the
+  profiler probes with as many side by side as the cluster fits (see
+  :meth:`ray_saturn.profiler.Profiler.run`). It depends on the cluster, not
+  on the task, so the profiler runs it once per (GPU count, side by side)
+  and hardware and keeps it in its store.
 
 A configuration's ``startup_s`` = trainer start (per GPU count) + its setup.
 
@@ -65,12 +71,15 @@ class SegmentCosts:
 
 @dataclass(frozen=True)
 class TrainerStartup:
-    """A TorchTrainer of ``gpus`` workers on ``nodes`` nodes: ``fit()`` to its loop, loop to return (s)."""
+    """TorchTrainers of ``gpus`` workers on ``nodes`` nodes, ``side_by_side`` started at once:
+    ``fit()`` to the loop and loop to return (s), the mean over them; ``slowest_s`` the slowest start."""
 
     gpus: int
     nodes: int
     start_s: float
     stop_s: float
+    side_by_side: int = 1
+    slowest_s: float = 0.0
 
 
 def _max_over_workers(values: list[float], ctx: Any) -> list[float]:
@@ -194,41 +203,74 @@ def _cluster_backend() -> str:
     return str(ray.get(_backend.remote()))
 
 
-def probe_trainer_startup(gpus: int, nodes: int = 1, *, backend: str | None = None) -> TrainerStartup:
-    """Start a TorchTrainer of ``gpus`` workers (``nodes`` nodes) whose loop returns at once; time it."""
+def probe_trainer_startup(
+    gpus: int, nodes: int = 1, *, backend: str | None = None, side_by_side: int = 1
+) -> TrainerStartup:
+    """Start ``side_by_side`` TorchTrainers of ``gpus`` workers (``nodes`` nodes) at once, each in a
+    thread as the launcher does, whose loops return at once; time them (the mean over them)."""
+    import threading
+
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    if side_by_side < 1:
+        raise ValueError(f"side_by_side is {side_by_side}; give at least 1")
     if backend is None:
         backend = _cluster_backend()
-    stamp = _stamp_cls().remote()
+    stamps = [_stamp_cls().remote() for _ in range(side_by_side)]
     folder = tempfile.mkdtemp(prefix="saturn-probe-")
+    times: list[tuple[float, float] | None] = [None] * side_by_side
+    errors: list[BaseException] = []
+
+    def fit(i: int, trainer: Any, go: threading.Barrier) -> None:
+        try:
+            go.wait(timeout=60)
+            t0 = time.time()
+            trainer.fit()
+            times[i] = (t0, time.time())
+        except BaseException as exc:  # re-raised in the caller
+            errors.append(exc)
+
     try:
-        trainer = TorchTrainer(
-            _probe_loop,
-            train_loop_config={"stamp": stamp},
-            torch_config=TorchConfig(backend=backend),
-            scaling_config=ScalingConfig(
-                num_workers=gpus,
-                use_gpu=True,
-                placement_strategy="STRICT_PACK" if nodes == 1 else "STRICT_SPREAD",
-            ),
-            run_config=RunConfig(
-                name=f"saturn-startup-probe-{gpus}x{nodes}-{os.getpid()}",
-                storage_path=folder,
-                failure_config=FailureConfig(max_failures=0),
-            ),
-        )
-        t0 = time.time()
-        trainer.fit()
-        t1 = time.time()
-        first = ray.get(stamp.get.remote())
+        trainers = [
+            TorchTrainer(
+                _probe_loop,
+                train_loop_config={"stamp": stamps[i]},
+                torch_config=TorchConfig(backend=backend),
+                scaling_config=ScalingConfig(
+                    num_workers=gpus,
+                    use_gpu=True,
+                    placement_strategy="STRICT_PACK" if nodes == 1 else "STRICT_SPREAD",
+                ),
+                run_config=RunConfig(
+                    name=f"saturn-startup-probe-{gpus}x{nodes}-{os.getpid()}-{i}",
+                    storage_path=folder,
+                    failure_config=FailureConfig(max_failures=0),
+                ),
+            )
+            for i in range(side_by_side)
+        ]
+        go = threading.Barrier(side_by_side)
+        threads = [threading.Thread(target=fit, args=(i, tr, go), daemon=True) for i, tr in enumerate(trainers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        firsts = ray.get([s.get.remote() for s in stamps])
     finally:
-        ray.kill(stamp)
+        for s in stamps:
+            ray.kill(s)
         shutil.rmtree(folder, ignore_errors=True)
-    if first is None:
-        raise RuntimeError(f"the start-up probe on {gpus} GPU(s) never reached its loop")
-    out = TrainerStartup(gpus, nodes, max(0.0, first - t0), max(0.0, t1 - first))
-    log.info("trainer start-up on %d GPU(s): %.1f s to the loop, %.1f s to stop", gpus, out.start_s, out.stop_s)
+    if any(f is None for f in firsts):
+        raise RuntimeError(f"a start-up probe on {gpus} GPU(s) never reached its loop")
+    starts = [max(0.0, f - t[0]) for f, t in zip(firsts, times, strict=True)]
+    stops = [max(0.0, t[1] - f) for f, t in zip(firsts, times, strict=True)]
+    out = TrainerStartup(gpus, nodes, sum(starts) / len(starts), sum(stops) / len(stops), side_by_side, max(starts))
+    log.info(
+        "trainer start-up on %d GPU(s), %d side by side: %.1f s to the loop (slowest %.1f s), %.1f s to stop",
+        gpus, side_by_side, out.start_s, out.slowest_s, out.stop_s,
+    )
     return out

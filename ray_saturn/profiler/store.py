@@ -4,7 +4,7 @@ Rows are keyed by (performance signature, strategy, gpus, nodes); a task
 whose signature is already there is not measured again. Each row also keeps
 what a segment of it costs besides its steps (set-up, checkpoint save and
 load; see :mod:`ray_saturn.profiler.segment`). Trainer start-up probes,
-keyed by (hardware, gpus, nodes), are kept beside the store in a small JSON
+keyed by (hardware, gpus, nodes, trainers started side by side), are kept beside the store in a small JSON
 file (``<store>.startup.json``).
 
 Example:
@@ -94,12 +94,13 @@ class ProfileStore:
             for row in table.select(names).to_pylist():
                 trial = StoredTrial(**row)
                 self._rows[trial.key] = trial
-        self._startup: dict[tuple[str, int, int], tuple[float, float]] = {}
+        self._startup: dict[tuple[str, int, int, int], tuple[float, float]] = {}
         spath = self.startup_path
         if spath is not None and spath.exists():
             try:
                 for r in json.loads(spath.read_text()):
-                    self._startup[(str(r["hardware"]), int(r["gpus"]), int(r["nodes"]))] = (
+                    key = (str(r["hardware"]), int(r["gpus"]), int(r["nodes"]), int(r.get("side_by_side", 1)))
+                    self._startup[key] = (
                         float(r["start_s"]),
                         float(r["stop_s"]),
                     )
@@ -111,12 +112,15 @@ class ProfileStore:
         """Where the trainer start-up probes are kept: beside the store (JSON)."""
         return None if self.path is None else self.path.with_name(self.path.stem + ".startup.json")
 
-    def startup(self, hardware: str, gpus: int, nodes: int) -> tuple[float, float] | None:
-        """A trainer start-up probe on this hardware: (start_s, stop_s), or ``None``."""
-        return self._startup.get((hardware, gpus, nodes))
+    def startup(self, hardware: str, gpus: int, nodes: int, side_by_side: int = 1) -> tuple[float, float] | None:
+        """A trainer start-up probe on this hardware with ``side_by_side`` trainers started at once:
+        (start_s, stop_s), or ``None`` (a store written before probes ran side by side holds 1s)."""
+        return self._startup.get((hardware, gpus, nodes, side_by_side))
 
-    def put_startup(self, hardware: str, gpus: int, nodes: int, start_s: float, stop_s: float) -> None:
-        self._startup[(hardware, gpus, nodes)] = (float(start_s), float(stop_s))
+    def put_startup(
+        self, hardware: str, gpus: int, nodes: int, start_s: float, stop_s: float, side_by_side: int = 1
+    ) -> None:
+        self._startup[(hardware, gpus, nodes, side_by_side)] = (float(start_s), float(stop_s))
 
     def get(self, signature: str, strategy: str, gpus: int, nodes: int) -> StoredTrial | None:
         return self._rows.get((signature, strategy, gpus, nodes))
@@ -140,8 +144,8 @@ class ProfileStore:
         os.replace(tmp, self.path)
         if self._startup and self.startup_path is not None:
             rows = [
-                {"hardware": h, "gpus": g, "nodes": n, "start_s": a, "stop_s": b}
-                for (h, g, n), (a, b) in sorted(self._startup.items())
+                {"hardware": h, "gpus": g, "nodes": n, "side_by_side": k, "start_s": a, "stop_s": b}
+                for (h, g, n, k), (a, b) in sorted(self._startup.items())
             ]
             tmp = self.startup_path.with_name(self.startup_path.name + ".tmp")
             tmp.write_text(json.dumps(rows, indent=1))
