@@ -386,19 +386,35 @@ def s_kill_cli(b: Bench) -> list[Row]:
     t0 = time.monotonic()
     original = b.workload.read_text()
     b.workload.write_text(original + "\n# edited after the run started\n")
+
+    def changed() -> tuple[str, str]:
+        from ray_saturn.runtime.lease import read_lease
+
+        before = read_lease(b.storage(d))
+        line = one_line_refusal(b.cli("resume", d), "changed since the run started")
+        after = read_lease(b.storage(d))
+        if (before is None) != (after is None) or (before is not None and before.owner != after.owner):
+            raise Failed(f"the refused resume changed the run's lock ({before and before.owner[:8]} -> "
+                         f"{after and after.owner[:8]}): {line}")
+        return "refused", line
+
     try:
-        rows.append(_row("workload file changed before resume", b, t0, lambda: (
-            "refused", one_line_refusal(b.cli("resume", d), "changed since the run started"))))
+        rows.append(_row("workload file changed before resume", b, t0, changed))
     finally:
         b.workload.write_text(original)
     t0 = time.monotonic()
 
     def resume() -> tuple[str, str, bool, float]:
         proc, result = b.resume(d)
+        finished = proc.returncode == 0 and result is not None and result.get("state") == "finished"
+        said = [ln for ln in (proc.stderr + proc.stdout).splitlines() if "taking over the lock" in ln]
+        if not said:  # the whole output, not its tail (Ray's worker log lines fill the tail)
+            raise Failed(f"resume {'finished' if finished else f'did not finish (exit {proc.returncode})'}, but "
+                         f"none of its {len(proc.stderr.splitlines())} lines of output says it took over the "
+                         "stale lock of the killed run")
         rerun, lost, detail = check_resumed(b, at, result, proc)
-        if "taking over the lock" not in proc.stderr:
-            raise Failed(f"resume did not say it took over the stale lock: {_tail(proc.stderr)}")
-        return "survived", detail + "; took over the stale lock", rerun, lost
+        took = said[0][said[0].find("taking over"):]
+        return "survived", f"{detail}; said: {took[:140]}", rerun, lost
 
     rows.append(_row("kill -9 of `ray-saturn run` mid-run, then resume", b, t0, resume, leftovers=True))
     return rows

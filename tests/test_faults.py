@@ -400,6 +400,25 @@ def test_resume_refuses_a_changed_workload_file_unless_it_is_passed(tmp_path, ca
     assert [t.name for t in tasks] == ["w"]
 
 
+def test_a_refused_resume_leaves_the_dead_runs_lock_for_the_next_resume(tmp_path, caplog):
+    """A resume refused for a changed workload file touches nothing: the killed run's stale lock is
+    still there, so the resume that follows takes it over and says whose it was (and rebuilds with
+    its last heartbeat). Before, the refused resume took the lock over, then released it."""
+    from ray_saturn.runtime.api import resume
+    from ray_saturn.workload_file import workload_digest
+
+    wl = tmp_path / "sweep.py"
+    wl.write_text(WORKLOAD)
+    store = train_folder(tmp_path, wl, workload_digest(wl))
+    dead = write_foreign_lease(store, pid=dead_pid(), run_name="killed")
+    wl.write_text(WORKLOAD + "\nimport os  # someone edited it\n")
+    with caplog.at_level(logging.WARNING), pytest.raises(SaturnError, match="changed since the run started"):
+        resume(tmp_path / "run")
+    assert "taking over the lock" not in caplog.text
+    left = read_lease(store)
+    assert left is not None and left.owner == dead.owner, "the refused resume removed the dead run's lock"
+
+
 def test_resume_refuses_a_workload_without_a_recorded_hash(tmp_path):
     from ray_saturn.runtime.api import resume
 

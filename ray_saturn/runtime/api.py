@@ -164,6 +164,10 @@ def resume(
     store.check()  # before any GPU is held
     journal = Journal(store)
     settings = _read_settings(journal)
+    if settings.mode == "train" and tasks is None and workload is None:
+        # Refuse an untrusted workload file before taking the lock: a refusal touches nothing (taking a
+        # dead run's lock and releasing it would hide from the next resume whose it was).
+        _check_recorded_workload(journal, settings)
     with RunLease(store, command="resume", run_name=settings.name).held() as lease:
         state = _resume_state(journal, settings, lease)
         if state.get("driver_state") in ("finished",):
@@ -236,7 +240,6 @@ def _trusted_workload(
     """
     from ray_saturn.workload_file import load_workload, workload_digest
 
-    uri = journal.storage.display
     if workload is not None:
         path = os.path.abspath(workload)
         digest = workload_digest(path)
@@ -247,6 +250,18 @@ def _trusted_workload(
         settings = replace(settings, workload=path, workload_digest=digest)
         journal.write_settings(settings.to_dict())
         return tasks, settings
+    digest = _check_recorded_workload(journal, settings)
+    tasks = load_workload(settings.workload)
+    if workload_digest(settings.workload) != digest:  # changed while it loaded
+        raise SaturnError(f"{settings.workload} changed while it was loaded; try again")
+    return tasks, settings
+
+
+def _check_recorded_workload(journal: Journal, settings: RunSettings) -> str:
+    """The SHA-256 of the run's recorded workload file; raises unless it is the one recorded at ``run``."""
+    from ray_saturn.workload_file import workload_digest
+
+    uri = journal.storage.display
     if not settings.workload:
         raise SaturnError(
             f"{uri}: the run was started from Python; pass its tasks to "
@@ -265,10 +280,7 @@ def _trusted_workload(
             f"{settings.workload_digest[7:19]}...); resume does not run a changed workload file: check it, "
             f"then pass it explicitly: {explicit}"
         )
-    tasks = load_workload(settings.workload)
-    if workload_digest(settings.workload) != digest:  # changed while it loaded
-        raise SaturnError(f"{settings.workload} changed while it was loaded; try again")
-    return tasks, settings
+    return digest
 
 
 def _check_cluster(cluster: ClusterSpec, live: ClusterSpec) -> None:
