@@ -488,3 +488,42 @@ def test_check_emulated_nodes_rejects_non_numbers():
     for bad in (0, -1, 2.5, True):
         with pytest.raises(SpecError):
             check_emulated_nodes(bad)
+
+
+# ------------------------------------------------------------ what a run says
+def _ended(states: dict[str, str]):
+    from ray_saturn.runtime.records import DriverResult
+
+    tasks = {t: TaskRecord.from_dict({"task": t, "state": s, "total_steps": 10,
+                                      "steps_done": 10 if s == "finished" else 3,
+                                      "reason": "ValueError: boom" if s == "failed" else ""})
+             for t, s in states.items()}
+    return DriverResult(state="finished", planned_makespan_s=10.0, realised_makespan_s=12.0, replans=0, moves=0,
+                        tasks=tasks)
+
+
+def test_a_run_whose_every_task_failed_does_not_say_finished(capsys):
+    from ray_saturn.cli.run import print_result
+
+    result = _ended({"a": "failed", "b": "failed"})  # the driver ended: nothing left to run
+    print_result(result, as_json=True)
+    out = json.loads(capsys.readouterr().out)
+    assert out["state"] == "failed" and out["failed_tasks"] == 2
+    assert "every task failed" in out["reason"] and "boom" in out["reason"] and "\n" not in out["reason"]
+    print_result(result, as_json=False)
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("run failed") and "every task failed" in last
+
+
+def test_a_run_with_some_failed_tasks_says_how_many(capsys):
+    from ray_saturn.cli.run import print_result
+
+    result = _ended({"a": "finished", "b": "failed", "c": "finished"})
+    print_result(result, as_json=True)
+    out = json.loads(capsys.readouterr().out)
+    assert out["state"] == "finished" and out["failed_tasks"] == 1
+    print_result(result, as_json=False)
+    assert "run finished with 1 of 3 tasks failed" in capsys.readouterr().out
+    print_result(_ended({"a": "finished"}), as_json=True)
+    out = json.loads(capsys.readouterr().out)
+    assert out["state"] == "finished" and out["failed_tasks"] == 0
