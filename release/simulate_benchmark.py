@@ -19,7 +19,8 @@ standard error, seeds won), because single runs of two re-planning policies
 differ by a percent or two either way.
 
 Seeds can be run in chunks (``--first-seed``, ``--save``) and the table
-printed from the saved runs (``--load``), so each command stays short.
+printed from the saved runs (``--load``), so each command stays short; files
+of other policies on the same seeds add their columns (same workload only).
 
 Usage:
     python release/simulate_benchmark.py                        # defaults below
@@ -121,8 +122,15 @@ def strongest_baseline(runs: dict[str, dict]) -> str:
 
 
 def print_table(scenario: str, runs: dict[str, dict]) -> None:
+    every = {n for r in runs.values() for n in r["policies"]}
+    names = [p for p in POLICIES if p in every] + sorted(every - set(POLICIES))
+    partial = sorted((s for s, r in runs.items() if set(r["policies"]) != every), key=int)
+    if partial:  # every ratio is over the same seeds: only those that ran every policy
+        print(f"\n(seeds {', '.join(partial)} left out of the {scenario} table: not every policy ran on them)")
+        runs = {s: r for s, r in runs.items() if s not in partial}
+        if not runs:
+            raise SystemExit(f"no {scenario} seed ran every policy")
     best = strongest_baseline(runs)
-    names = list(next(iter(runs.values()))["policies"])
     per = {n: {} for n in names}
     for run in runs.values():
         ref = run["policies"][best]
@@ -199,7 +207,12 @@ def main() -> None:
             saved = json.loads(Path(path).read_text())
             print(saved["header"])
             for scenario, runs in saved["scenarios"].items():
-                merged.setdefault(scenario, {}).update(runs)
+                for seed, run in runs.items():  # files of other policies on the same seed add columns
+                    have = merged.setdefault(scenario, {}).setdefault(seed, {"policies": {}})
+                    if "lower_bound_s" in have and abs(have["lower_bound_s"] - run["lower_bound_s"]) > 1e-6:
+                        raise SystemExit(f"{path}: seed {seed} has another lower bound (another workload?)")
+                    have["lower_bound_s"] = run["lower_bound_s"]
+                    have["policies"].update(run["policies"])
         for scenario, runs in merged.items():
             print_table(scenario, runs)
         return

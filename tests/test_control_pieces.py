@@ -225,12 +225,15 @@ def test_controller_raises_gpus_idle_once_per_idle_stretch(policy):
     assert len([e for e in ctl.log if e.get("kind") == "gpus_idle"]) == 1
 
 
-def test_move_waits_for_no_one_and_online_tasks_join_the_run():
+def test_a_move_may_wait_for_its_gpus_and_online_tasks_join_the_run():
     here = Placement("ddp", 2, ("n0",))
-    # The plan would stop "a" now and restart it on 4 GPUs 30 s later (they are busy): not a move.
-    later = _plan(60.0, Assignment("a", "ddp", 4, ("n1",), 30.0, 90.0, setup_s=10.0))
+    # The plan stops "a" now and restarts it on 4 GPUs 30 s later (they are busy): a move like any
+    # other, made when the gain (the wait counted in the plan's makespan) beats the restart.
+    later = _plan(90.0, Assignment("a", "ddp", 4, ("n1",), 30.0, 90.0, setup_s=10.0))
     (d,) = decide_moves({"a": here}, later, keep_makespan_s=200.0, restart_s=10.0)
-    assert not d.move and "not free now" in d.reason
+    assert d.move and d.predicted_gain_s == pytest.approx(110.0) and "restart(s) later (first a, 30.0 s on)" in d.reason
+    (d,) = decide_moves({"a": here}, later, keep_makespan_s=95.0, restart_s=10.0)
+    assert not d.move and "would gain 5.0 s" in d.reason
     # Tasks added after the start (e.g. Tune trials) arrive, run, and a final failure is not retried.
     prof = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 10}])
     ctl = Controller(prof, ClusterSpec.uniform(1, 2), "saturn-replan", restart_s=1.0, solver_time_limit_s=1)
@@ -244,3 +247,35 @@ def test_move_waits_for_no_one_and_online_tasks_join_the_run():
     n = len(ctl.replans)
     ctl.request_replan(3.0, "a better plan is ready")
     assert len(ctl.replans) == n + 1 and ctl.replans[-1].reasons == ["a better plan is ready"]
+
+
+def _wider_later_profile():
+    # "long" and "short" side by side (1000 s) beats "short" then "long" on all 4 GPUs (200 + 810 s).
+    rows = [
+        {"task": "long", "strategy": "ddp", "gpus": g, "step_time_s": st, "steps": 1000}
+        for g, st in ((2, 1.0), (4, 0.81))
+    ]
+    rows.append({"task": "short", "strategy": "ddp", "gpus": 2, "step_time_s": 1.0, "steps": 200})
+    return ProfileTable.from_rows(rows)
+
+
+@pytest.mark.parametrize("objective", ["makespan", "online"])
+def test_a_task_stopped_to_restart_wider_later_waits_queued_and_relaunches(objective):
+    """The makespan planner's "stop now, restart on more GPUs once they free up" is made (one move
+    rule for every objective; a makespan run used to drop such plans, 0.8 moves per simulated run
+    instead of 7.7), and the stopped task waits queued, keeps its steps and is launched again."""
+    ctl = Controller(_wider_later_profile(), ClusterSpec.uniform(1, 4), "saturn-replan", restart_s=10.0,
+                     solver_time_limit_s=2, deterministic=True, objective=objective)
+    assert sorted((a.task, a.placement.gpus) for a in ctl.start(0.0)) == [("long", 2), ("short", 2)]
+    ctl.report_progress("short", 30, 30.0, step_time_s=1.0)
+    # "long" runs at 2 s/step: on 2 GPUs 1960 s more; stopped until "short" ends (170 s), then 4 GPUs: ~1770 s.
+    actions = ctl.report_progress("long", 15, 30.0, step_time_s=2.0)
+    assert [(a.kind, a.task, a.target.gpus) for a in actions] == [("stop", "long", 4)]
+    (d,) = ctl.replans[-1].moves
+    assert d.move and d.predicted_gain_s > 100.0 and "restart(s) later (first long, 170.0 s on)" in d.reason
+    assert ctl.state("long").state is TaskState.QUEUED and ctl.state("long").steps_done == 15
+    assert ctl.planned["long"].start_s == pytest.approx(200.0, abs=0.1)
+    assert ctl.handle(Tick(time_s=100.0)) == []  # its GPUs are not free yet: it waits, it is not lost
+    relaunch = [a for a in ctl.handle(TaskFinished(time_s=200.0, task="short")) if a.kind == "launch"]
+    assert [(a.task, a.placement.gpus, a.steps_done) for a in relaunch] == [("long", 4, 15)]
+    assert ctl.handle(TaskFinished(time_s=1800.0, task="long")) == [] and ctl.done and ctl.moves == 1

@@ -223,11 +223,11 @@ def test_online_objective_pauses_a_long_job_for_a_short_arrival():
         else:
             assert r.moves == 0 and jct["short"] == pytest.approx(950.0)
     assert out["online"].mean_completion_s < out["makespan"].mean_completion_s
-    # The move rule: a move whose task restarts later is refused unless waiting is allowed.
+    # The move rule (the same for every objective): a move whose task restarts later is made when it pays.
     here = Placement("ddp", 1, ("n0",))
     later = Plan("saturn", 60.0, 40.0, 0.1, "feasible", [Assignment("a", "ddp", 1, ("n0",), 30.0, 90.0, setup_s=5.0)])
-    assert not decide_moves({"a": here}, later, keep_makespan_s=100.0, restart_s=5.0, gain_s=50.0)[0].move
-    assert decide_moves({"a": here}, later, keep_makespan_s=100.0, restart_s=5.0, gain_s=50.0, allow_wait=True)[0].move
+    assert decide_moves({"a": here}, later, keep_makespan_s=100.0, restart_s=5.0, gain_s=50.0)[0].move
+    assert not decide_moves({"a": here}, later, keep_makespan_s=100.0, restart_s=5.0, gain_s=4.0)[0].move
 
 
 def test_arrival_pricing_ends_when_arrivals_stop():

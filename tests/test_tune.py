@@ -276,6 +276,44 @@ def test_move_when_gain_beats_measured_restart_and_only_after_tune_paused(
     assert s.controller.state("a").steps_done == 40
 
 
+def wider_later(config):
+    # "long" beside "short" (1000 s) beats "short" then "long" on all 4 GPUs (200 + 810 s) ...
+    if config["kind"] == "long":
+        return [{"strategy": "ddp", "gpus": g, "step_time_s": st, "steps": 1000} for g, st in ((2, 1.0), (4, 0.81))]
+    return [{"strategy": "ddp", "gpus": 2, "step_time_s": 1.0, "steps": 200}]
+
+
+def test_a_trial_stopped_to_wait_for_more_gpus_is_held_and_released_when_they_free(fake_tune, inline_background):
+    """... until "long" runs at 2 s/step: the plan pauses it now and restarts it on 4 GPUs when "short"
+    ends. The move waits for its GPUs (one move rule, as in ``run`` and ``simulate``); the trial is
+    held PAUSED, not lost, and released on all 4 GPUs once Tune has ended "short"."""
+    clock = Clock()
+    s = SaturnScheduler(wider_later, cluster=ClusterSpec.uniform(1, 4), restart_s=10.0, clock=clock)
+    tune = fake_tune(s)
+    long, _ = tune.add("long", {"kind": "long", "steps": 1000}), tune.add("short", {"kind": "short", "steps": 200})
+    assert sorted(tune.step()) == ["long", "short"] and long.gpus == 2
+    for t in range(10, 90, 10):  # 8 reports: the controller's min_reports in a Tune run
+        clock.t = float(t)
+        assert tune.result("long", t // 2, 2.0) == "CONTINUE" and tune.result("short", t, 1.0) == "CONTINUE"
+        assert tune.step() == []
+    clock.t += 0.5
+    assert tune.step() == []  # the background plan is applied: "long" moves, to restart later
+    (m,) = s.moves
+    assert (m.trial, m.from_gpus, m.to_gpus) == ("long", 2, 4) and "restart(s) later" in m.reason
+    clock.t = 90.0
+    assert tune.result("long", 45, 2.0) == "PAUSE"
+    long.status = FakeTrial.PAUSED
+    clock.t = 95.0
+    assert tune.step() == [] and s._trials["long"].phase == "held"  # its 4 GPUs are not free yet
+    clock.t = 200.0
+    tune.complete("short")
+    assert tune.step() == ["long"] and long.gpus == 4 and long.config["_saturn"]["gpus"] == 4
+    assert [(e.trial, e.gpus, e.reason) for e in s.gpu_events][2:] == [
+        ("long", -2, "moved"), ("short", -2, "finished"), ("long", 4, "start")
+    ]
+    assert _in_use(s.gpu_events)[1] <= 4
+
+
 def test_bad_configs_error_their_trial_and_the_search_goes_on(fake_tune, no_background, caplog):
     def picky(config):
         if config["kind"] == "raises":

@@ -601,8 +601,7 @@ class Controller:
             keep = self._call_solver(keep_inp, max(0.1, limit / 2))
             gain = objective_gain(keep, plan, self.objective, self._weights, area_weight)
             decisions = decide_moves(
-                running, plan, keep.makespan_s, self._move_costs(running, plan), gain_s=gain,
-                allow_wait=self.objective == "online",
+                running, plan, keep.makespan_s, self._move_costs(running, plan), gain_s=gain
             )
             if not all(d.move for d in decisions):
                 plan, inp = keep, keep_inp

@@ -21,9 +21,10 @@ Tune                                    control plane
 =====================================  ==========================================
 
 The move rule is the controller's: a running trial moves only when the
-predicted gain exceeds the measured restart cost and its target GPUs are
-free. Re-planning never blocks a hook: the controller's solve calls return
-the best cheap plan at once, and a background thread runs the full solver
+predicted gain exceeds the measured restart cost; if its target GPUs are
+busy it waits for them held PAUSED, like a trial not started yet.
+Re-planning never blocks a hook: the controller's solve calls return the
+best cheap plan at once, and a background thread runs the full solver
 (:mod:`ray_saturn.tune._planner`); a finished background plan is applied in
 the next hook. Events are batched per Tune step (all trials a searcher adds
 in one step are planned together).
