@@ -527,3 +527,22 @@ def test_a_run_with_some_failed_tasks_says_how_many(capsys):
     print_result(_ended({"a": "finished"}), as_json=True)
     out = json.loads(capsys.readouterr().out)
     assert out["state"] == "finished" and out["failed_tasks"] == 0
+
+
+def test_status_of_a_run_whose_every_task_failed_says_failed(tmp_path, capsys):
+    store = RunStorage(tmp_path)
+    store.write_json(RUN_FILE, RunSettings(name="r", mode="train").to_dict())
+    st = state(driver_state="finished")
+    st["tasks"]["a"].update(state="failed", reason="ValueError: boom")
+    Journal(store).write_state(st)
+    got = run_status(tmp_path)
+    assert got["driver_state"] == "failed" and got["failed_tasks"] == 1 and "every task failed" in got["reason"]
+    assert main(["status", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "driver: failed" and lines[1].startswith("run: failed")
+    st["tasks"]["b"] = {"task": "b", "state": "finished", "steps_done": 10, "total_steps": 10, "segments": []}
+    Journal(store).write_state(st)
+    got = run_status(tmp_path)
+    assert got["driver_state"] == "finished" and got["failed_tasks"] == 1
+    assert main(["status", str(tmp_path)]) == 0
+    assert "run: finished with 1 of 2 tasks failed" in capsys.readouterr().out

@@ -83,8 +83,15 @@ def run_status(storage: str | os.PathLike[str]) -> dict[str, Any]:
             raise StorageError(f"{store.display}: no ray_saturn run here (no {RUN_FILE})")
         state = _rebuilt_view(journal, problems)
         source = EVENTS_FILE if state is not None else None
-    health = _health(store, state)
     out: dict[str, Any] = dict(state or {"tasks": {}})
+    failed = [t for t, r in (out.get("tasks") or {}).items() if isinstance(r, dict) and r.get("state") == "failed"]
+    out["failed_tasks"] = len(failed)
+    if out.get("driver_state") == "finished" and failed and len(failed) == len(out["tasks"]):
+        # The driver ends "finished" when nothing is left to run: a run whose every task failed failed.
+        out["driver_state"] = "failed"
+        out["reason"] = out.get("reason") or f"every task failed ({len(failed)})"
+        state = {**state, "driver_state": "failed"} if state else state
+    health = _health(store, state)
     if state is None:
         out["driver_state"] = "starting" if health.alive else "stopped"
     elif not health.alive and out.get("driver_state") not in FINAL_STATES:
