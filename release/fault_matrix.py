@@ -305,11 +305,17 @@ def _alive_of_ours() -> list[str]:
     return out
 
 
+def own_traceback(stderr: str) -> bool:
+    """A traceback of the command itself (Ray forwards its workers' log lines, a task's traceback among
+    them, to the command's stderr, each line prefixed ``(ActorName pid=N)``: those are not ours)."""
+    return any(ln.startswith("Traceback (most recent call last)") for ln in stderr.splitlines())
+
+
 def one_line_refusal(proc: subprocess.CompletedProcess, expect: str) -> str:
     """The refusal's line; raises Failed unless exit 2 with one line containing ``expect`` and no traceback."""
     err = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
     lines = [ln for ln in err if ln.startswith("ray-saturn ")]
-    if proc.returncode != 2 or "Traceback" in proc.stderr or len(lines) != 1 or expect not in lines[0]:
+    if proc.returncode != 2 or own_traceback(proc.stderr) or len(lines) != 1 or expect not in lines[0]:
         raise Failed(f"expected exit 2 and one line with {expect!r}; got exit {proc.returncode}: {_tail(proc.stderr)}")
     return lines[0]
 
@@ -433,7 +439,7 @@ def _state_fault(b: Bench, name: str, label: str, mutate: Callable[[Any], None],
         notes = ""
         if status_expect is not None:
             st = b.cli("status", d)
-            if st.returncode != 0 or "Traceback" in st.stderr or status_expect not in st.stdout:
+            if st.returncode != 0 or own_traceback(st.stderr) or status_expect not in st.stdout:
                 raise Failed(f"status: exit {st.returncode}, expected {status_expect!r}: "
                              f"{_tail(st.stdout + st.stderr)}")
             notes = "; status: " + next(ln for ln in st.stdout.splitlines() if status_expect in ln)[:120]
@@ -640,7 +646,7 @@ def s_read_only(b: Bench) -> list[Row]:
             p.wait(timeout=BUDGET_S)
             at = b.state(d)
         result = p.result()
-        if "Traceback" in p.stderr or p.returncode == 0 or result is None:
+        if own_traceback(p.stderr) or p.returncode == 0 or result is None:
             raise Failed(f"the run on a read-only folder: exit {p.returncode}: {_tail(p.stderr)}")
         reason = result.get("reason", "")
         if result["state"] != "failed" or "\n" in reason or "cannot write" not in reason:
@@ -660,8 +666,11 @@ def s_task_raises(b: Bench) -> list[Row]:
         p = b.start_run(d, bad=True)
         p.wait(timeout=BUDGET_S)
         got = p.result()
-        if p.returncode != 1 or "Traceback" in p.stderr or got is None:
-            raise Failed(f"expected exit 1 (a task failed), got {p.returncode}: {_tail(p.stderr)}")
+        if p.returncode != 1 or own_traceback(p.stderr) or got is None:
+            why = ("a traceback of the command itself" if own_traceback(p.stderr)
+                   else "no JSON result" if got is None else "")
+            raise Failed(f"expected exit 1 (a task failed) and its JSON result, got exit {p.returncode} {why}: "
+                         f"{_tail(p.stderr)}")
         result = {t["task"]: t for t in got["tasks"]}
         good, bad = result["fm-good"], result["fm-bad"]
         if good["state"] != "finished":
