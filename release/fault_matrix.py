@@ -194,6 +194,7 @@ class Bench:
             WORKLOAD.replace("{STEPS}", repr(BAD_STEPS)).replace("{{", "{").replace("}}", "}"))
         self.profile = work / "fm_profile.csv"
         self._write_profile(self.profile, STEPS)
+        self.procs: list[Proc] = []
         self.bad_profile = work / "fm_bad_profile.csv"
         self._write_profile(self.bad_profile, BAD_STEPS)
 
@@ -223,8 +224,21 @@ class Bench:
 
     def start_run(self, run_dir: str, *, bad: bool = False) -> Proc:
         wl, prof = (self.bad_workload, self.bad_profile) if bad else (self.workload, self.profile)
-        return Proc([str(BIN / "ray-saturn"), "run", str(wl), "--run-dir", run_dir, "--profile", str(prof),
-                     "--checkpoint-interval", str(CHECKPOINT_S), "--json"], self.env, self.work)
+        p = Proc([str(BIN / "ray-saturn"), "run", str(wl), "--run-dir", run_dir, "--profile", str(prof),
+                  "--checkpoint-interval", str(CHECKPOINT_S), "--json"], self.env, self.work)
+        self.procs.append(p)
+        return p
+
+    def end_runs(self) -> list[int]:
+        """Kill the runs the scenarios started that still run (one failed half-way); their pids."""
+        left = [p for p in self.procs if p.poll() is None]
+        for p in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=30)
+        self.procs = [p for p in self.procs if p.poll() is None]
+        return [p.pid for p in left]
 
     def state(self, run_dir: str) -> dict[str, Any] | None:
         from ray_saturn.runtime.journal import Journal
@@ -600,7 +614,9 @@ def _iam_unauthenticated(b: Bench, call: Callable[[Any], Any]) -> Any:
     iam = boto3.client("iam", endpoint_url=b.s3.url, region_name="us-east-1", aws_access_key_id="setup",
                        aws_secret_access_key="setup")
     for _ in range(50):
-        req = urllib.request.Request(f"{b.s3.url}/moto-api/reset-auth", data=b"1", method="POST")
+        # text/plain: with urllib's default (form-encoded) the server sees no body and answers 500.
+        req = urllib.request.Request(f"{b.s3.url}/moto-api/reset-auth", data=b"1", method="POST",
+                                     headers={"Content-Type": "text/plain"})
         urllib.request.urlopen(req, timeout=30).close()
         try:
             return call(iam)
@@ -782,6 +798,8 @@ def _row(fault: str, b: Bench, t0: float, go: Callable[[], tuple], *, leftovers:
         row = Row(fault, b.kind, "FAILED", str(exc))
     except Exception as exc:  # a crash of the scenario is a failure of the row, with its reason
         row = Row(fault, b.kind, "FAILED", f"{type(exc).__name__}: {exc}"[:500])
+    if not row.ok:
+        b.end_runs()  # a scenario that failed half-way leaves no run of its own going
     if leftovers:
         row.leftovers = b.leftovers()
         if row.leftovers and row.ok:
