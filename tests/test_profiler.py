@@ -71,6 +71,14 @@ def test_profile_table_passes_validation_and_the_planner(sweep, tmp_path):
 
 
 @pytest.mark.ray
+def test_trials_on_one_node_run_on_warm_workers(sweep):
+    # 6 trials (2 signatures x single on 1 GPU, ddp and pipeline on 2) need 10 worker processes
+    # started afresh; lent from trial to trial, the 2 GPUs' workers are started once.
+    _, _, result = sweep
+    assert result.trials_run == 6 and result.workers_started == 2
+
+
+@pytest.mark.ray
 def test_tasks_differing_only_in_lr_and_seed_are_measured_once(sweep):
     _, _, result = sweep
     assert result.trials_run == 6  # 2 signatures x (single@1, ddp@2, pipeline@2)

@@ -5,7 +5,9 @@ Each step of a :class:`~ray_saturn.profiler.ladder.LadderWalk` is one trial
 pool launches as many at once as the cluster's GPUs and ``max_concurrent``
 allow, takes configurations already in the store without running them,
 records a trial that cannot be placed, fails, or hangs as infeasible with
-the reason, and stores every result.
+the reason, and stores every result. On a one-node cluster trials run on
+warm workers lent from trial to trial (``warm_workers``, default on; see
+:class:`~ray_saturn.profiler.trials.WarmWorkers`), killed when the pool is done.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ray_saturn.errors import ProfileError
 from ray_saturn.profiler.ladder import LadderWalk
 from ray_saturn.profiler.segment import SegmentCosts
 from ray_saturn.profiler.store import ProfileStore, StoredTrial
-from ray_saturn.profiler.trials import RunningTrial, TrialSpec, launch
+from ray_saturn.profiler.trials import RunningTrial, TrialSpec, WarmWorkers, launch, launch_warm
 from ray_saturn.spec import ClusterSpec
 
 __all__ = ["PoolOutcome", "TrialPool"]
@@ -38,6 +40,8 @@ class PoolOutcome:
     cached: set[TrialKey] = field(default_factory=set)
     cost_gpu_s: float = 0.0
     trials_run: int = 0
+    #: Trial worker processes started (warm workers are started once and lent to several trials).
+    workers_started: int = 0
 
 
 @dataclass
@@ -56,9 +60,22 @@ class TrialPool:
     placement_timeout_s: float
     min_improvement: float
     max_concurrent: int | None = None
+    warm_workers: bool = True
 
     def run(self, chains: list[LadderWalk], cluster: ClusterSpec) -> PoolOutcome:
         """Walk every ladder to its end on ``cluster``; returns what was measured."""
+        warm = WarmWorkers() if self.warm_workers and len(cluster.nodes) == 1 else None
+        try:
+            out = self._run(chains, cluster, warm)
+        finally:
+            if warm is not None:
+                warm.close()
+        if warm is not None:
+            out.workers_started = warm.created
+            log.info("%d trial(s) on %d warm worker(s) lent from trial to trial", out.trials_run, warm.created)
+        return out
+
+    def _run(self, chains: list[LadderWalk], cluster: ClusterSpec, warm: WarmWorkers | None) -> PoolOutcome:
         import ray
 
         from ray_saturn.strategies.base import Infeasible
@@ -71,9 +88,11 @@ class TrialPool:
         out = PoolOutcome()
         last_release = time.monotonic()
 
-        def finish(chain: LadderWalk, trial: RunningTrial, outcome, spent: float, costs=None) -> None:
+        def finish(
+            chain: LadderWalk, trial: RunningTrial, outcome, spent: float, costs=None, healthy: bool = True
+        ) -> None:
             nonlocal free, last_release
-            trial.release()
+            trial.release(healthy)
             last_release = time.monotonic()
             free += trial.spec.gpus
             busy.discard(id(chain))
@@ -84,7 +103,13 @@ class TrialPool:
             chain.advance(stored, self.min_improvement)
 
         def fail(chain: LadderWalk, trial: RunningTrial, reason: str) -> None:
-            finish(chain, trial, Infeasible(trial.spec.strategy, trial.spec.gpus, reason), trial.gpu_seconds())
+            finish(
+                chain,
+                trial,
+                Infeasible(trial.spec.strategy, trial.spec.gpus, reason),
+                trial.gpu_seconds(),
+                healthy=False,
+            )
 
         while True:
             # launch what fits (cached configurations are taken from the store at once)
@@ -114,11 +139,13 @@ class TrialPool:
                             n,
                             dict(self.measure_kw),
                         )
-                        trial = launch(spec)
+                        trial = launch_warm(spec, warm) if warm is not None else launch(spec)
                         waiting_pg[trial.ready_ref] = (chain, trial)
                         busy.add(id(chain))
                         free -= g
                         out.trials_run += 1
+                        if warm is None:
+                            out.workers_started += g
                         progressed = True
             if not waiting_pg and not running:
                 if any(c.next() is not None for c in chains):
@@ -147,7 +174,9 @@ class TrialPool:
                         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
                         fail(chain, trial, f"trial worker died: {first}")
                         continue
-                    finish(chain, trial, outcome, trial.gpu_seconds(), costs)
+                    # a worker group whose collective search failed may hold a broken group: not lent again
+                    healthy = outcome.feasible or trial.spec.gpus == 1
+                    finish(chain, trial, outcome, trial.gpu_seconds(), costs, healthy)
             for ref, (chain, trial) in list(waiting_pg.items()):
                 # our own running trials may hold the bundles it waits for: only time it out when
                 # none runs and none finished within the timeout (then the cluster cannot place it)

@@ -111,6 +111,8 @@ class ProfileResult:
     trials_cached: int
     wall_s: float
     infeasible: list[tuple[str, str, int, str]] = field(default_factory=list)
+    #: Trial worker processes started (fewer than the trials' GPUs when warm workers were lent on).
+    workers_started: int = 0
 
     @property
     def cost_ratio(self) -> float:
@@ -150,6 +152,7 @@ class Profiler:
         max_concurrent: int | None = None,
         segment_costs: bool = True,
         startup_side_by_side: int | None = None,
+        warm_workers: bool = True,
     ) -> None:
         if warmup < 0 or steps < 1:
             raise SpecError(f"warmup={warmup}, steps={steps}: give warmup >= 0 and steps >= 1")
@@ -183,6 +186,7 @@ class Profiler:
                 "started at once by the start-up probe) or None (as many as the cluster holds)"
             )
         self.startup_side_by_side = startup_side_by_side
+        self.warm_workers = bool(warm_workers)
 
     def side_by_side(self, cluster: ClusterSpec, gpus: int) -> int:
         """Trainers of ``gpus`` GPUs the start-up probe starts at once: ``startup_side_by_side``, else as
@@ -252,6 +256,7 @@ class Profiler:
             self.placement_timeout_s,
             self.min_improvement,
             self.max_concurrent,
+            self.warm_workers,
         )
         outcome = pool.run(list(chains.values()), cluster)
         startup: dict[tuple[int, int], float] | None = None
@@ -268,6 +273,7 @@ class Profiler:
             len(outcome.cached),
             time.monotonic() - t0,
             [(c.task, c.strategy, c.gpus, c.reason or "") for c in table if not c.feasible],
+            outcome.workers_started,
         )
         log.info("%s", result.summary())
         return result
@@ -377,7 +383,8 @@ def profile(
     ``warmup``, ``steps``, ``trial_timeout_s``, ``min_improvement``,
     ``memory_limit_gb``, ``segment_costs`` (start-up and checkpoint columns,
     default on), ``startup_side_by_side`` (trainers the start-up probe starts
-    at once; default as many as the cluster holds), ...). ``output`` also writes the table (.csv or
+    at once; default as many as the cluster holds), ``warm_workers`` (on one
+    node, lend trial workers from trial to trial; default on), ...). ``output`` also writes the table (.csv or
     .parquet). The cost is logged; use ``Profiler(...).run(tasks)`` to get it.
 
     Example:

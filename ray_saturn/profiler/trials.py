@@ -6,6 +6,13 @@ chosen knobs costs besides its steps (:mod:`ray_saturn.profiler.segment`);
 rank 0's result is the trial's: ``(search result, segment costs)``. The
 placement group holds ``gpus`` GPU bundles: packed on one node, or split
 evenly over ``nodes`` nodes (one bundle per node, ``STRICT_SPREAD``).
+
+On a one-node cluster the pool keeps its workers warm instead
+(:class:`WarmWorkers`): each worker is an actor holding one GPU outright,
+created once and lent to trial after trial, so a trial pays no process
+start, Ray worker or torch import (seconds per worker on a small machine).
+Each trial builds its model, process group and memory counters afresh; a
+worker of a trial that failed, died or hung is killed, not lent again.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from ray_saturn.profiler.segment import SegmentCosts, measure_segment_costs
 from ray_saturn.spec import Task
 from ray_saturn.strategies.base import Infeasible, SearchResult
 
-__all__ = ["RunningTrial", "TrialSpec", "launch"]
+__all__ = ["RunningTrial", "TrialSpec", "WarmWorkers", "launch", "launch_warm"]
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +125,7 @@ class RunningTrial:
     result_ref: Any = None
     ready_s: float | None = None
     started_s: float | None = None
+    warm: WarmWorkers | None = None
 
     def start(self, timeout_s: float, startup_timeout_s: float = 300.0) -> None:
         """Create the actors in the (ready) placement group and start the search."""
@@ -128,16 +136,19 @@ class RunningTrial:
         self.ready_s = time.monotonic()
         # one 1-GPU bundle per worker on one node; one (gpus/nodes)-GPU bundle per node otherwise
         per_bundle = 1 if spec.nodes == 1 else spec.gpus // spec.nodes
-        cls = ray.remote(num_cpus=0, num_gpus=1, max_restarts=0)(_TrialWorker)
-        self.actors = [
-            cls.options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self.pg, placement_group_bundle_index=rank // per_bundle
-                ),
-                name=None,
-            ).remote()
-            for rank in range(spec.gpus)
-        ]
+        if self.warm is not None:
+            self.actors = self.warm.take(spec.gpus)
+        else:
+            cls = ray.remote(num_cpus=0, num_gpus=1, max_restarts=0)(_TrialWorker)
+            self.actors = [
+                cls.options(
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        self.pg, placement_group_bundle_index=rank // per_bundle
+                    ),
+                    name=None,
+                ).remote()
+                for rank in range(spec.gpus)
+            ]
         # every worker process is up before the rendezvous (and before the trial's clock starts)
         endpoints = ray.get([a.endpoint.remote(spec.strategy) for a in self.actors], timeout=startup_timeout_s)
         addr, port = endpoints[0]
@@ -150,11 +161,16 @@ class RunningTrial:
         self.result_ref = refs[0]
         self.started_s = time.monotonic()
 
-    def release(self) -> None:
-        """Kill the actors and remove the placement group."""
+    def release(self, healthy: bool = True) -> None:
+        """Kill the actors and remove the placement group; warm workers of a ``healthy`` trial
+        (it returned a result) go back to their pool instead."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
+        if self.warm is not None:
+            self.warm.give_back(self.actors, healthy)
+            self.actors = []
+            return
         for a in self.actors:
             with contextlib.suppress(Exception):
                 ray.kill(a, no_restart=True)
@@ -176,3 +192,64 @@ def launch(spec: TrialSpec) -> RunningTrial:
     else:
         pg = placement_group([{"GPU": per}] * spec.nodes, strategy="STRICT_SPREAD")
     return RunningTrial(spec, pg, pg.ready(), time.monotonic())
+
+
+class WarmWorkers:
+    """Trial workers kept between trials on a one-node cluster (see the module docstring).
+
+    Each holds one GPU while it lives; :meth:`close` kills them all (the pool calls it when it is
+    done, before anything else needs the GPUs).
+
+    Example:
+        >>> w = WarmWorkers()
+        >>> w.idle, w.created
+        (0, 0)
+    """
+
+    def __init__(self) -> None:
+        self._idle: list[Any] = []
+        self._lent: set[Any] = set()
+        self.created = 0
+
+    @property
+    def idle(self) -> int:
+        return len(self._idle)
+
+    def take(self, n: int) -> list[Any]:
+        """``n`` workers: idle ones first, new ones for the rest."""
+        import ray
+
+        out = [self._idle.pop() for _ in range(min(n, len(self._idle)))]
+        cls = ray.remote(num_cpus=0, num_gpus=1, max_restarts=0)(_TrialWorker)
+        while len(out) < n:
+            out.append(cls.remote())
+            self.created += 1
+        self._lent.update(out)
+        return out
+
+    def give_back(self, actors: list[Any], healthy: bool) -> None:
+        import ray
+
+        for a in actors:
+            self._lent.discard(a)
+            if healthy:
+                self._idle.append(a)
+            else:
+                with contextlib.suppress(Exception):
+                    ray.kill(a, no_restart=True)
+
+    def close(self) -> None:
+        import ray
+
+        for a in [*self._idle, *self._lent]:
+            with contextlib.suppress(Exception):
+                ray.kill(a, no_restart=True)
+        self._idle.clear()
+        self._lent.clear()
+
+
+def launch_warm(spec: TrialSpec, warm: WarmWorkers) -> RunningTrial:
+    """A trial on warm workers (one node): no placement group; it starts at the pool's next turn."""
+    import ray
+
+    return RunningTrial(spec, None, ray.put(None), time.monotonic(), warm=warm)
