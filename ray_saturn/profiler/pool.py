@@ -64,7 +64,12 @@ class TrialPool:
 
     def run(self, chains: list[LadderWalk], cluster: ClusterSpec) -> PoolOutcome:
         """Walk every ladder to its end on ``cluster``; returns what was measured."""
-        warm = WarmWorkers() if self.warm_workers and len(cluster.nodes) == 1 else None
+        import ray
+
+        # warm workers hold their GPUs without a placement group: only where Ray has every GPU the spec claims
+        has = ray.cluster_resources().get("GPU", 0) if ray.is_initialized() else 0
+        one_node = len(cluster.nodes) == 1 and cluster.total_gpus <= has
+        warm = WarmWorkers() if self.warm_workers and one_node else None
         try:
             out = self._run(chains, cluster, warm)
         finally:
