@@ -77,32 +77,32 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result.state == "finished" and not result.failed_tasks else 1
 
 
-def outcome(result) -> dict:
-    """The result as the CLI reports it: a run whose every task failed is "failed" (the driver ended
-    "finished": nothing was left to run), and ``failed_tasks`` counts the failed tasks."""
+def _as_dict(result, o) -> dict:
+    """The result as the CLI reports it, by its :class:`~ray_saturn.runtime.records.RunOutcome` ``o``:
+    ``failed_tasks`` counts the failed tasks, and a run whose every task failed says so."""
     out = result.to_dict()
-    failed = result.failed_tasks
-    out["failed_tasks"] = len(failed)
-    if out["state"] == "finished" and failed and len(failed) == len(result.tasks):
-        first = (result.tasks[failed[0]].reason or "no reason recorded").splitlines()[0][:200]
-        out["state"] = "failed"
-        out["reason"] = f"every task failed ({len(failed)}); {failed[0]}: {first}"
+    out["failed_tasks"] = len(o.failed)
+    if o.every_task_failed:
+        first = (result.tasks[o.failed[0]].reason or "no reason recorded").splitlines()[0][:200]
+        out["state"] = o.state
+        out["reason"] = f"every task failed ({len(o.failed)}); {o.failed[0]}: {first}"
     return out
 
 
 def print_result(result, *, as_json: bool) -> None:
     """A finished (or resumed) run's outcome: one JSON object, or a line per task and a summary."""
-    out = outcome(result)
+    from ray_saturn.runtime.records import RunOutcome
+
+    o = RunOutcome.of(result.state, {t: r.state for t, r in result.tasks.items()})
+    out = _as_dict(result, o)
     if as_json:
         print(json.dumps(out))
         return
     for t, r in result.tasks.items():
         print(f"{t:<24} {r.state:<9} {r.steps_done}/{r.total_steps}" + (f"  {r.reason}" if r.reason else ""))
     planned = f" (planned {result.planned_makespan_s:.0f} s)" if result.planned_makespan_s else ""
-    some = (f" with {out['failed_tasks']} of {len(result.tasks)} tasks failed"
-            if out["state"] == "finished" and out["failed_tasks"] else "")
     print(
-        f"run {out['state']}{some}: makespan {result.realised_makespan_s:.0f} s{planned}, "
+        f"run {o.headline}: makespan {result.realised_makespan_s:.0f} s{planned}, "
         f"{result.replans} re-plan(s), {result.moves} move(s)"
         + (f": {out['reason']}" if out["state"] != "finished" and out["reason"] else "")
     )

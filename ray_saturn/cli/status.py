@@ -13,6 +13,7 @@ import argparse
 import json
 
 from ray_saturn.runtime.api import run_status
+from ray_saturn.runtime.records import RunOutcome
 
 
 def add_parser(sub) -> None:
@@ -44,10 +45,8 @@ def run(args: argparse.Namespace) -> int:
         shown = f"showing {source}" if source else "no state to show yet"
         print(f"state: {problems + '; ' if problems else ''}{shown}")
     print(
-        f"run: {state.get('driver_state')}"
-        + (f" with {state['failed_tasks']} of {len(tasks)} tasks failed"
-           if state.get("driver_state") == "finished" and state.get("failed_tasks") else "")
-        + f"  t={state.get('time_s', 0):.0f} s  "
+        f"run: {RunOutcome.of(state.get('driver_state'), {t: r.get('state') for t, r in tasks.items()}).headline}"
+        f"  t={state.get('time_s', 0):.0f} s  "
         f"re-plans {state.get('replans', 0)}  moves {state.get('moves', 0)}"
         + (f"  ({state['reason']})" if state.get("reason") else "")
     )

@@ -24,7 +24,7 @@ from typing import Any
 
 from ray_saturn.control.state import Segment, TaskProgress, TaskState
 
-__all__ = ["DriverResult", "TaskRecord"]
+__all__ = ["DriverResult", "RunOutcome", "TaskRecord"]
 
 #: Segment statuses of a segment that has not ended.
 OPEN_STATUSES = ("launching", "running", "stopping")
@@ -130,6 +130,40 @@ class TaskRecord:
         )
         rec.waiting = state == "launching" and rec.current is None
         return rec
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """A run's state as the user is told it. The driver ends "finished" when nothing is left to
+    run, so a run whose every task failed is reported "failed"; one where some failed says how many.
+
+    Example:
+        >>> o = RunOutcome.of("finished", {"a": "failed", "b": "finished"})
+        >>> o.state, o.failed, o.headline
+        ('finished', ('a',), 'finished with 1 of 2 tasks failed')
+        >>> RunOutcome.of("finished", {"a": "failed"}).state
+        'failed'
+    """
+
+    state: str | None
+    failed: tuple[str, ...]
+    tasks: int
+    #: Whether ``state`` is "failed" because every task failed (the driver said "finished").
+    every_task_failed: bool = False
+
+    @classmethod
+    def of(cls, driver_state: str | None, task_states: Mapping[str, str]) -> RunOutcome:
+        failed = tuple(t for t, s in task_states.items() if s == "failed")
+        if driver_state == "finished" and failed and len(failed) == len(task_states):
+            return cls("failed", failed, len(task_states), True)
+        return cls(driver_state, failed, len(task_states))
+
+    @property
+    def headline(self) -> str:
+        """The state, with how many tasks failed when the run finished with some failed."""
+        if self.state == "finished" and self.failed:
+            return f"finished with {len(self.failed)} of {self.tasks} tasks failed"
+        return str(self.state)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from typing import Any
 
 from ray_saturn.runtime.journal import EVENTS_FILE, PROFILE_FILE, RUN_FILE, Journal
 from ray_saturn.runtime.lease import read_lease
+from ray_saturn.runtime.records import RunOutcome
 from ray_saturn.runtime.storage import RunStorage, StorageError
 
 __all__ = ["FINAL_STATES", "DriverHealth", "run_status"]
@@ -84,13 +85,13 @@ def run_status(storage: str | os.PathLike[str]) -> dict[str, Any]:
         state = _rebuilt_view(journal, problems)
         source = EVENTS_FILE if state is not None else None
     out: dict[str, Any] = dict(state or {"tasks": {}})
-    failed = [t for t, r in (out.get("tasks") or {}).items() if isinstance(r, dict) and r.get("state") == "failed"]
-    out["failed_tasks"] = len(failed)
-    if out.get("driver_state") == "finished" and failed and len(failed) == len(out["tasks"]):
-        # The driver ends "finished" when nothing is left to run: a run whose every task failed failed.
-        out["driver_state"] = "failed"
-        out["reason"] = out.get("reason") or f"every task failed ({len(failed)})"
-        state = {**state, "driver_state": "failed"} if state else state
+    tasks = out.get("tasks") or {}
+    o = RunOutcome.of(out.get("driver_state"), {t: r.get("state") for t, r in tasks.items() if isinstance(r, dict)})
+    out["failed_tasks"] = len(o.failed)
+    if o.every_task_failed:
+        out["driver_state"] = o.state
+        out["reason"] = out.get("reason") or f"every task failed ({len(o.failed)})"
+        state = {**state, "driver_state": o.state} if state else state
     health = _health(store, state)
     if state is None:
         out["driver_state"] = "starting" if health.alive else "stopped"
