@@ -1,4 +1,7 @@
-"""A real Ray head node for tests: `ray start --head --block` in its own temp dir, token auth on.
+"""Ray for tests: a real head node (:func:`ray_head`), and a local Ray in this process whose
+workers import this checkout's ray_saturn (:func:`local_ray`).
+
+The head node: `ray start --head --block` in its own temp dir, token auth on.
 
 The head runs with its own temp dir (so no other Ray user on the machine picks
 it up as "the current cluster") and its own auth token (RAY_AUTH_TOKEN: the
@@ -27,6 +30,23 @@ BIN = Path(sys.executable).parent
 
 #: How long a loaded 2-core machine may take to bring up the head node's job API (seen: > 120 s at load 11).
 READY_BUDGET_S = 300.0
+
+
+@contextlib.contextmanager
+def local_ray(*, num_gpus: int, num_cpus: int) -> Iterator[None]:
+    """``ray.init`` of a local Ray with ``num_gpus`` logical GPUs whose workers import this checkout's
+    ray_saturn (its folder on their PYTHONPATH); shut down on exit."""
+    import ray
+
+    import ray_saturn
+
+    root = str(Path(ray_saturn.__file__).resolve().parents[1])
+    ray.init(address="local", num_gpus=num_gpus, num_cpus=num_cpus, include_dashboard=False,
+             runtime_env={"env_vars": {"PYTHONPATH": root}})
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from ray_head import local_ray
 
 import ray_saturn
 from ray_saturn.errors import InfeasibleError, ProfileError, SaturnError
@@ -25,18 +25,8 @@ FAST = {"warmup": 1, "steps": 2, "segment_costs": False}  # the start-up probe: 
 
 @pytest.fixture(scope="module")
 def ray_local():
-    root = str(Path(ray_saturn.__file__).resolve().parents[1])
-    ray.init(
-        address="local",
-        num_gpus=2,
-        num_cpus=2,
-        include_dashboard=False,
-        runtime_env={"env_vars": {"PYTHONPATH": root}},
-    )
-    try:
+    with local_ray(num_gpus=2, num_cpus=2):
         yield
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")

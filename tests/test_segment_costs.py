@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from ray_head import local_ray
 
 import ray_saturn
 from ray_saturn import ClusterSpec, ProfileError, ProfileTable
@@ -84,11 +85,8 @@ def test_knobs_for_is_the_one_reader_of_the_knobs_column():
 
 @pytest.mark.ray
 def test_profile_has_start_up_and_checkpoint_columns(tmp_path):
-    ray = pytest.importorskip("ray")
-    root = str(Path(ray_saturn.__file__).resolve().parents[1])
-    ray.init(address="local", num_gpus=1, num_cpus=1, include_dashboard=False,
-             runtime_env={"env_vars": {"PYTHONPATH": root}})
-    try:
+    pytest.importorskip("ray")
+    with local_ray(num_gpus=1, num_cpus=1):
         store = str(tmp_path / "store.parquet")
         kw = {"strategies": ["single"], "warmup": 1, "steps": 2, "store": store}
         table = Profiler(ClusterSpec.from_ray(), **kw).run([mlp_task("m")]).table
@@ -101,20 +99,15 @@ def test_profile_has_start_up_and_checkpoint_columns(tmp_path):
         again = Profiler(ClusterSpec.from_ray(), **kw).run([mlp_task("n", width=48)]).table
         assert time.monotonic() - t0 < row.startup_s + 30
         assert again.get("n", "single", 1).startup_s > 1.0
-    finally:
-        ray.shutdown()
 
 
 @pytest.mark.ray
 def test_start_up_probe_side_by_side_on_two_gpus(tmp_path):
     """Two trainers started at once on 2 logical GPUs: the profile's start-up is theirs, kept under 2."""
-    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray")
     from ray_saturn.profiler.segment import probe_trainer_startup
 
-    root = str(Path(ray_saturn.__file__).resolve().parents[1])
-    ray.init(address="local", num_gpus=2, num_cpus=2, include_dashboard=False,
-             runtime_env={"env_vars": {"PYTHONPATH": root}})
-    try:
+    with local_ray(num_gpus=2, num_cpus=2):
         pair = probe_trainer_startup(1, side_by_side=2)
         assert pair.side_by_side == 2 and 1.0 < pair.start_s <= pair.slowest_s
         store = str(tmp_path / "store.parquet")
@@ -124,5 +117,3 @@ def test_start_up_probe_side_by_side_on_two_gpus(tmp_path):
         kept = {(r["gpus"], r["side_by_side"]) for r in json.loads(Path(ProfileStore(store).startup_path).read_text())}
         assert kept == {(1, 2)}
         assert result.table.get("m", "single", 1).startup_s > 1.0
-    finally:
-        ray.shutdown()
