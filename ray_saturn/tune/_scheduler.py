@@ -192,6 +192,10 @@ class SaturnScheduler(TrialScheduler):
         restart_s: seconds a move costs until measured; from the first
             measurement on, the median measured restart (pause, actor start,
             checkpoint restore) is used.
+        measure_restart: ``False`` keeps ``restart_s`` as the cost of every
+            move (when you know it better than a few launches on a busy
+            cluster can tell); the launches are still measured and reported
+            in :meth:`stats`.
         expect_early_stops: plan each trial for the steps its base scheduler
             is expected to let it train (ASHA: to its next rung, past each
             later rung with probability 1 / reduction_factor; see
@@ -222,6 +226,7 @@ class SaturnScheduler(TrialScheduler):
         policy: str = "saturn-replan",
         objective: str = "makespan",
         restart_s: float = 5.0,
+        measure_restart: bool = True,
         expect_early_stops: bool = True,
         cpus_per_trial: float = 1.0,
         solver_time_limit_s: float = 0.5,
@@ -249,6 +254,7 @@ class SaturnScheduler(TrialScheduler):
         self._base = base_scheduler or FIFOScheduler()
         self._cluster = cluster
         self._restart_s = float(restart_s)
+        self._measure_restart = bool(measure_restart)
         self._expect_early_stops = bool(expect_early_stops)
         self._cpus = float(cpus_per_trial)
         self._time_limit_s = float(solver_time_limit_s)
@@ -710,6 +716,8 @@ class SaturnScheduler(TrialScheduler):
         return None
 
     def _update_restart_cost(self) -> None:
+        if not self._measure_restart:
+            return
         cost = statistics.median(self._latencies)
         if self._stop_costs:
             cost += statistics.median(self._stop_costs)

@@ -16,8 +16,9 @@ error); :func:`saturn_trainable` does the rest:
   CUDA devices, else CPU + gloo; :func:`ray_saturn.strategies.device.rank_device`);
   rank 0 hands each report to the trial process over a pipe;
 - reports every ``report_every`` steps ``loss``, ``saturn_strategy``,
-  ``saturn_gpus``, ``saturn_step``, ``saturn_step_time_s`` and
-  ``saturn_total_steps`` with a checkpoint (so ASHA's ``training_iteration``
+  ``saturn_gpus``, ``saturn_step``, ``saturn_step_time_s``,
+  ``saturn_total_steps`` and ``saturn_resumed_from`` (the checkpoint step this
+  trial process started from, 0 when it started fresh) with a checkpoint (so ASHA's ``training_iteration``
   advances once per report, and Tune's progress table shows each trial's
   GPUs and strategy);
 - a trial that trained all its steps waits for every rank to exit on its own:
@@ -196,7 +197,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _report_to_tune(work: str, task: Task, decision: TrialDecision, step: int, loss, step_time, path: str) -> None:
+def _report_to_tune(
+    work: str, task: Task, decision: TrialDecision, resumed_from: int, step: int, loss, step_time, path: str
+) -> None:
     from ray import tune
     from ray.tune import Checkpoint
 
@@ -211,6 +214,7 @@ def _report_to_tune(work: str, task: Task, decision: TrialDecision, step: int, l
                 "saturn_step": step,
                 "saturn_step_time_s": step_time,
                 "saturn_total_steps": task.total_steps,
+                "saturn_resumed_from": resumed_from,
             },
             checkpoint=Checkpoint.from_directory(out),
         )
@@ -218,7 +222,9 @@ def _report_to_tune(work: str, task: Task, decision: TrialDecision, step: int, l
         shutil.rmtree(out, ignore_errors=True)
 
 
-def _run_multi(task: Task, decision: TrialDecision, report_every: int, ckpt_dir: str, work: str) -> None:
+def _run_multi(
+    task: Task, decision: TrialDecision, report_every: int, ckpt_dir: str, work: str, resumed_from: int
+) -> None:
     import multiprocessing
 
     import torch.multiprocessing as tmp
@@ -248,7 +254,7 @@ def _run_multi(task: Task, decision: TrialDecision, report_every: int, ckpt_dir:
                     done = True
                     break
                 _, step, loss, step_time, path = msg
-                _report_to_tune(work, task, decision, step, loss, step_time, path)
+                _report_to_tune(work, task, decision, resumed_from, step, loss, step_time, path)
                 parent.send(True)
             # join raises, naming the rank, when one failed (and ends the others).
             elif procs.join(timeout=0) and not parent.poll(0):
@@ -281,6 +287,7 @@ def _run_trial(make_task: Callable[[dict], Task], config: dict, report_every: in
     from ray import tune
 
     from ray_saturn.strategies import get_strategy
+    from ray_saturn.strategies.checkpoint import latest_step
     from ray_saturn.strategies.device import use_rank_device
 
     decision = trial_decision(config)
@@ -303,18 +310,19 @@ def _run_trial(make_task: Callable[[dict], Task], config: dict, report_every: in
                 for entry in os.listdir(d):
                     if entry.startswith("step-"):
                         shutil.copytree(os.path.join(d, entry), os.path.join(ckpt_dir, entry))
+        resumed_from = latest_step(ckpt_dir) or 0
         if decision.gpus == 1:
             _set_rank_env(0, 1)
             use_rank_device(0)
 
             def report(step, loss, step_time, path):
-                _report_to_tune(work, task, decision, step, loss, step_time, path)
+                _report_to_tune(work, task, decision, resumed_from, step, loss, step_time, path)
 
             _train_segments(
                 task, decision.strategy, dict(decision.knobs), task.total_steps, report_every, ckpt_dir, report, 0, 1
             )
         else:
-            _run_multi(task, decision, report_every, ckpt_dir, work)
+            _run_multi(task, decision, report_every, ckpt_dir, work, resumed_from)
 
 
 def saturn_trainable(make_task: Callable[[dict], Task], *, report_every: int = 10) -> Callable[[dict], None]:
