@@ -248,3 +248,49 @@ def test_error_hints_do_not_mistake_a_port_for_a_status():
     refused = _reason(OSError("AWS Error NETWORK_CONNECTION during HeadObject: Failed to connect to 127.0.0.1:40381"))
     assert refused.startswith("cannot reach the storage endpoint")
     assert _reason(OSError("AWS Error UNKNOWN (HTTP status 403) during PutObject")).startswith("access denied")
+
+
+@pytest.mark.parametrize("how", ["s3 (one GET)", "s3 without boto3 (checked pyarrow read)", "local"])
+def test_a_state_read_while_the_driver_rewrites_it_is_whole(how, s3, tmp_path, monkeypatch):  # noqa: F811
+    # pyarrow's S3 read takes the size from a HEAD and the bytes from a ranged GET: a state.json
+    # replaced in between read as the new object cut to the old size, or padded with zero bytes,
+    # and status fell back to state.json.bak. A reader polls while another thread writes states of
+    # alternating length (never the same length twice, so the checked read can tell) the driver's way.
+    import threading
+
+    from ray_saturn.runtime import storage as storage_mod
+    from ray_saturn.runtime.journal import STATE_FILE, Journal
+
+    def state(i: int) -> dict:
+        return {"driver_state": "running", "tasks": {}, "time_s": i, "pad": "x" * (1000 * (i % 2) + i)}
+
+    if how.startswith("s3 without"):
+        monkeypatch.setattr(storage_mod, "_s3_client", lambda fs: None)
+    with s3.credentials():
+        uri = str(tmp_path / "run") if how == "local" else s3.uri(f"torn/{how.split()[0]}-{time.time_ns()}")
+        writer, reader = Journal(RunStorage(uri)), Journal(RunStorage(uri))
+        writer.write_state(state(0))
+        stop = threading.Event()
+
+        def write() -> None:
+            i = 1
+            while not stop.wait(0.01) and i < 1000:  # 100 states a second: a driver writes a few
+                writer.write_state(state(i))
+                i += 1
+
+        thread = threading.Thread(target=write)
+        thread.start()
+        bad: list[str] = []
+        reads = 0
+        try:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 2.0 and thread.is_alive():
+                got = reader.load_state()
+                reads += 1
+                if got.source != STATE_FILE or got.problems or got.state != state(got.state["time_s"]):
+                    bad.append(f"{got.source}: {got.problems}")
+        finally:
+            stop.set()
+            thread.join(timeout=60)
+    assert reads >= 10, f"only {reads} reads in 2 s: the race was hardly tried"
+    assert not bad, f"{len(bad)} of {reads} reads were not one whole state.json: {bad[:3]}"

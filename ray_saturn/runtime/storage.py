@@ -26,7 +26,15 @@ What the operations promise:
   installed: ``PutObject`` with ``If-None-Match: *``). Elsewhere it is a
   check-then-write, and :attr:`RunStorage.exclusive_create_is_atomic` says so.
   A run-folder lock builds on it.
-- :meth:`RunStorage.read_bytes`, :meth:`RunStorage.stat` (size, mtime),
+- :meth:`RunStorage.read_bytes` returns one whole version of a file, even
+  while another process replaces it. On S3 this needs care: pyarrow's input
+  file takes the size from a HEAD and the bytes from a ranged GET, so an
+  overwrite between the two gives the new object cut to the old size, or
+  the new object padded with zero bytes to the old size. With boto3
+  installed, a read is one GET (no range: S3 serves one version per GET);
+  without, pyarrow's read is checked against the file's size and mtime
+  before and after, and retried.
+- :meth:`RunStorage.stat` (size, mtime),
   :meth:`RunStorage.list`, :meth:`RunStorage.move` (atomic on a local disk;
   copy then delete on object stores), :meth:`RunStorage.delete`,
   :meth:`RunStorage.delete_dir`.
@@ -63,6 +71,7 @@ import os
 import posixpath
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -92,6 +101,8 @@ TASKS_DIR = "tasks"
 #: ``tasks/<task>/checkpoints/step-<9 digits>/``: the task's DCP checkpoints.
 CHECKPOINTS_DIR = "checkpoints"
 
+#: Reads of a file that another process keeps replacing, before giving up (S3 without boto3).
+_READ_TRIES = 5
 _SECRET_KEYS = re.compile(r"secret|token|password|passwd|credential|sas|key", re.IGNORECASE)
 _T = TypeVar("_T")
 
@@ -178,7 +189,7 @@ def _reason(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     hints = (
         (("ACCESS_DENIED", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "InvalidAccessKeyId",
-          "AccessDenied", "HTTP status 403", "HTTP status 401"),
+          "AccessDenied", "SignatureDoesNotMatch", "HTTP status 403", "HTTP status 401"),
          "access denied: check the credentials every node has (e.g. AWS_ACCESS_KEY_ID and "
          "AWS_SECRET_ACCESS_KEY, or the node's role) and their rights on this bucket"),
         (("NETWORK_CONNECTION", "Could not connect", "Couldn't connect", "Failed to connect", "curlCode: 7",
@@ -372,7 +383,7 @@ class RunStorage:
     @property
     def exclusive_create_is_atomic(self) -> bool:
         """Whether :meth:`create_exclusive` is atomic here (local disk; S3 with boto3 installed)."""
-        return self.local or (self.fs.type_name == "s3" and _boto3() is not None)
+        return self.local or (self.fs.type_name == "s3" and _s3_client(self.fs) is not None)
 
     def create_exclusive(self, name: str, data: bytes) -> bool:
         """Write ``name`` only if it does not exist; ``True`` if this call created it.
@@ -401,19 +412,20 @@ class RunStorage:
             finally:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
-        if self.fs.type_name == "s3" and _boto3() is not None:
-            return self._s3_create_exclusive(target, data, name)
+        client = _s3_client(self.fs) if self.fs.type_name == "s3" else None
+        if client is not None:
+            return self._s3_create_exclusive(client, target, data, name)
         if self.exists(name):
             return False
         self.write_bytes(name, data)
         return True
 
-    def _s3_create_exclusive(self, target: str, data: bytes, name: str) -> bool:
+    def _s3_create_exclusive(self, client: Any, target: str, data: bytes, name: str) -> bool:
         from botocore.exceptions import BotoCoreError, ClientError
 
         bucket, _, key = target.partition("/")
         try:
-            _s3_client(self.fs).put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+            client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
             return True
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
@@ -506,16 +518,38 @@ class RunStorage:
         return sorted(out, key=lambda s: s.name)
 
     def read_bytes(self, name: str) -> bytes:
+        """The whole content of ``name``: one version of it, even while another process replaces it."""
         path = self.join(name)
 
         def go() -> bytes:
-            with self.fs.open_input_stream(path) as f:
-                return f.read()
+            if self.fs.type_name == "s3":
+                client = _s3_client(self.fs)
+                return _s3_get(client, path) if client is not None else self._read_checked(path)
+            return self._read_stream(path)
 
         try:
             return self._call("read", go, name)
         except FileNotFoundError:
             raise StorageError(f"{self.display}: {name} does not exist; is this a ray_saturn run folder?") from None
+
+    def _read_stream(self, path: str) -> bytes:
+        with self.fs.open_input_stream(path) as f:
+            return f.read()
+
+    def _read_checked(self, path: str) -> bytes:
+        """pyarrow's read (a HEAD, then a ranged GET), kept only if size and mtime did not change around it."""
+        for attempt in range(_READ_TRIES):
+            before = self.fs.get_file_info(path)
+            if before.type == pafs.FileType.NotFound:
+                raise FileNotFoundError(path)
+            data = self._read_stream(path)
+            after = self.fs.get_file_info(path)
+            if before.size == after.size == len(data) and before.mtime == after.mtime:
+                return data
+            logger.debug("%s: replaced while it was read (try %d); reading it again", path, attempt + 1)
+            time.sleep(0.02 * (attempt + 1))
+        raise OSError(f"{path} kept changing while it was read ({_READ_TRIES} tries); is another process "
+                      "rewriting it in a loop?")
 
     def read_json(self, name: str) -> Any:
         try:
@@ -569,23 +603,70 @@ def _boto3() -> Any:
 
 
 _CLIENTS: dict[tuple, Any] = {}
+_CLIENTS_LOCK = threading.Lock()  # boto3's default session is not safe to build clients from in two threads
 
 
 def _s3_client(fs: pafs.FileSystem) -> Any:
-    """A boto3 S3 client configured like the pyarrow S3 filesystem ``fs`` (endpoint, scheme, region, keys)."""
+    """A boto3 S3 client configured like the pyarrow S3 filesystem ``fs``; ``None`` without boto3.
+
+    Also ``None`` when ``fs`` gets its credentials or connection in a way this
+    does not reproduce (an assumed role, a proxy): then pyarrow does all.
+    """
+    if _boto3() is None:
+        return None
     opts = fs.__reduce__()[1][0]
+    if opts.get("role_arn") or (opts.get("proxy_options") or {}).get("host"):
+        return None
     endpoint = opts.get("endpoint_override") or None
     if endpoint and "://" not in endpoint:
         endpoint = f"{opts.get('scheme') or 'https'}://{endpoint}"
-    key = (endpoint, opts.get("region"), opts.get("access_key"), opts.get("secret_key"), opts.get("session_token"))
-    client = _CLIENTS.get(key)
-    if client is None:
-        kwargs: dict[str, Any] = {"endpoint_url": endpoint, "region_name": opts.get("region") or None}
-        if opts.get("access_key"):
-            kwargs.update(
-                aws_access_key_id=opts["access_key"],
-                aws_secret_access_key=opts.get("secret_key"),
-                aws_session_token=opts.get("session_token") or None,
-            )
-        client = _CLIENTS[key] = _boto3().client("s3", **kwargs)
+    key = (endpoint, opts.get("region"), opts.get("access_key"), opts.get("secret_key"), opts.get("session_token"),
+           bool(opts.get("anonymous")), bool(opts.get("force_virtual_addressing")), opts.get("tls_ca_file_path"))
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            import botocore
+            from botocore.config import Config
+
+            config: dict[str, Any] = {}
+            if opts.get("anonymous"):
+                config["signature_version"] = botocore.UNSIGNED
+            if opts.get("force_virtual_addressing"):
+                config["s3"] = {"addressing_style": "virtual"}
+            kwargs: dict[str, Any] = {"endpoint_url": endpoint, "region_name": opts.get("region") or None,
+                                      "config": Config(**config)}
+            if opts.get("tls_ca_file_path"):
+                kwargs["verify"] = opts["tls_ca_file_path"]
+            if opts.get("access_key"):
+                kwargs.update(
+                    aws_access_key_id=opts["access_key"],
+                    aws_secret_access_key=opts.get("secret_key"),
+                    aws_session_token=opts.get("session_token") or None,
+                )
+            client = _CLIENTS[key] = _boto3().client("s3", **kwargs)
     return client
+
+
+def _s3_get(client: Any, path: str) -> bytes:
+    """The object at ``path`` (``bucket/key``) in one GET: one version, checked against its length.
+
+    Raises ``FileNotFoundError`` if it does not exist, else ``OSError`` with
+    the service's error (for :func:`_reason`).
+    """
+    from botocore.exceptions import BotoCoreError, ClientError, IncompleteReadError
+
+    bucket, _, key = path.partition("/")
+    for attempt in range(_READ_TRIES):
+        try:
+            return client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except IncompleteReadError as exc:  # the connection ended early: read it again
+            if attempt + 1 == _READ_TRIES:
+                raise OSError(str(exc)) from None
+        except ClientError as exc:
+            err = exc.response.get("Error", {})
+            if err.get("Code") in ("NoSuchKey", "404", "NotFound"):
+                raise FileNotFoundError(path) from None
+            raise OSError(f"{err.get('Code', '')}: {exc}") from None
+        except BotoCoreError as exc:
+            raise OSError(f"{type(exc).__name__}: {exc}") from None
+    raise AssertionError("unreachable")
