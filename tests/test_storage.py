@@ -145,6 +145,18 @@ def test_s3_wrong_credentials_or_endpoint_one_line(s3):  # noqa: F811
         assert redact_uri(uri).split("?")[0] in msg, msg
 
 
+def test_s3_reads_use_the_credentials_in_the_environment_now(s3):  # noqa: F811
+    # Reads go through boto3, which must not keep the first credentials it saw (its default session does).
+    with s3.credentials():
+        store = RunStorage(s3.uri("creds"))
+        store.write_bytes("x", b"1")
+    with s3.credentials({"AWS_ACCESS_KEY_ID": "wrong", "AWS_SECRET_ACCESS_KEY": "wrong"}), \
+            pytest.raises(StorageError, match="access denied"):
+        store.read_bytes("x")
+    with s3.credentials():
+        assert store.read_bytes("x") == b"1"
+
+
 def test_checkpoints_on_s3_resume_exactly_and_fall_back(s3, tmp_path):  # noqa: F811
     import torch
 

@@ -603,7 +603,8 @@ def _boto3() -> Any:
 
 
 _CLIENTS: dict[tuple, Any] = {}
-_CLIENTS_LOCK = threading.Lock()  # boto3's default session is not safe to build clients from in two threads
+_CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
+_CLIENTS_LOCK = threading.Lock()  # one client per key, also when two threads ask at once
 
 
 def _s3_client(fs: pafs.FileSystem) -> Any:
@@ -620,8 +621,10 @@ def _s3_client(fs: pafs.FileSystem) -> Any:
     endpoint = opts.get("endpoint_override") or None
     if endpoint and "://" not in endpoint:
         endpoint = f"{opts.get('scheme') or 'https'}://{endpoint}"
+    # Credentials from the environment are read when a client is made: a change makes another client.
+    env = () if opts.get("access_key") else tuple(os.environ.get(k) for k in _CREDENTIAL_ENV)
     key = (endpoint, opts.get("region"), opts.get("access_key"), opts.get("secret_key"), opts.get("session_token"),
-           bool(opts.get("anonymous")), bool(opts.get("force_virtual_addressing")), opts.get("tls_ca_file_path"))
+           bool(opts.get("anonymous")), bool(opts.get("force_virtual_addressing")), opts.get("tls_ca_file_path"), env)
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(key)
         if client is None:
@@ -643,7 +646,8 @@ def _s3_client(fs: pafs.FileSystem) -> Any:
                     aws_secret_access_key=opts.get("secret_key"),
                     aws_session_token=opts.get("session_token") or None,
                 )
-            client = _CLIENTS[key] = _boto3().client("s3", **kwargs)
+            # A session of its own: the default one keeps the credentials it found first.
+            client = _CLIENTS[key] = _boto3().session.Session().client("s3", **kwargs)
     return client
 
 
@@ -656,12 +660,12 @@ def _s3_get(client: Any, path: str) -> bytes:
     from botocore.exceptions import BotoCoreError, ClientError, IncompleteReadError
 
     bucket, _, key = path.partition("/")
-    for attempt in range(_READ_TRIES):
+    short: IncompleteReadError | None = None
+    for _ in range(_READ_TRIES):
         try:
             return client.get_object(Bucket=bucket, Key=key)["Body"].read()
         except IncompleteReadError as exc:  # the connection ended early: read it again
-            if attempt + 1 == _READ_TRIES:
-                raise OSError(str(exc)) from None
+            short = exc
         except ClientError as exc:
             err = exc.response.get("Error", {})
             if err.get("Code") in ("NoSuchKey", "404", "NotFound"):
@@ -669,4 +673,4 @@ def _s3_get(client: Any, path: str) -> bytes:
             raise OSError(f"{err.get('Code', '')}: {exc}") from None
         except BotoCoreError as exc:
             raise OSError(f"{type(exc).__name__}: {exc}") from None
-    raise AssertionError("unreachable")
+    raise OSError(f"the body ended early {_READ_TRIES} times ({short})")
