@@ -382,7 +382,7 @@ class RunStorage:
 
     @property
     def exclusive_create_is_atomic(self) -> bool:
-        """Whether :meth:`create_exclusive` is atomic here (local disk; S3 with boto3 installed)."""
+        """Whether :meth:`create_exclusive` is atomic here (local disk; S3 with boto3, no assumed role or proxy)."""
         return self.local or (self.fs.type_name == "s3" and _s3_client(self.fs) is not None)
 
     def create_exclusive(self, name: str, data: bytes) -> bool:
