@@ -65,6 +65,8 @@ def test_start_up_probe_runs_as_many_trainers_side_by_side_as_the_run_starts():
     assert p.side_by_side(two, 1) == 2 and p.side_by_side(two, 2) == 1
     assert p.side_by_side(ClusterSpec.uniform(4, 8), 1) == 8 and p.side_by_side(ClusterSpec.uniform(4, 8), 4) == 8
     assert p.side_by_side(ClusterSpec.uniform(1, 1), 2) == 1
+    # ... and never more than the run has tasks: one task never starts two segments.
+    assert p.side_by_side(ClusterSpec.uniform(4, 8), 1, tasks=3) == 3 and p.side_by_side(two, 1, tasks=1) == 1
     assert Profiler(two, startup_side_by_side=1).side_by_side(two, 1) == 1
     for bad in (0, 1.5, True):
         with pytest.raises(ray_saturn.SpecError, match="startup_side_by_side"):
@@ -103,17 +105,14 @@ def test_profile_has_start_up_and_checkpoint_columns(tmp_path):
 
 @pytest.mark.ray
 def test_start_up_probe_side_by_side_on_two_gpus(tmp_path):
-    """Two trainers started at once on 2 logical GPUs: the profile's start-up is theirs, kept under 2."""
+    """Two tasks on 2 logical GPUs: two trainers started at once; the profile's start-up is theirs, kept
+    under 2 (tasks differing only in learning rate: one trial measures both)."""
     pytest.importorskip("ray")
-    from ray_saturn.profiler.segment import probe_trainer_startup
-
     with local_ray(num_gpus=2, num_cpus=2):
-        pair = probe_trainer_startup(1, side_by_side=2)
-        assert pair.side_by_side == 2 and 1.0 < pair.start_s <= pair.slowest_s
         store = str(tmp_path / "store.parquet")
         result = Profiler(ClusterSpec.from_ray(), strategies=["single"], warmup=1, steps=2, store=store).run(
-            [mlp_task("m")]
+            [mlp_task("m"), mlp_task("m2", lr=0.02)]
         )
-        kept = {(r["gpus"], r["side_by_side"]) for r in json.loads(Path(ProfileStore(store).startup_path).read_text())}
-        assert kept == {(1, 2)}
-        assert result.table.get("m", "single", 1).startup_s > 1.0
+        (kept,) = json.loads(Path(ProfileStore(store).startup_path).read_text())
+        assert (kept["gpus"], kept["side_by_side"]) == (1, 2) and kept["start_s"] > 1.0 and kept["stop_s"] > 0
+        assert result.table.get("m2", "single", 1).startup_s >= kept["start_s"]

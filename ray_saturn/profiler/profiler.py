@@ -25,7 +25,8 @@ on that many GPUs, plus the task's model build and strategy set-up before
 its first step), ``checkpoint_save_s`` and ``checkpoint_load_s``. The
 trainer start is probed under the concurrency the run will have: as many
 trainers of that many GPUs started side by side as the cluster holds
-(``startup_side_by_side``, default: its GPUs over the trial's, at most 8),
+(``startup_side_by_side``, default: its GPUs over the trial's, at most 8
+and at most the number of tasks),
 as a run's first plan starts one segment per free GPU at once; on a small
 machine two trainers started together each take far longer than one alone.
 Probes are kept in the store per (GPU count, side by side, hardware).
@@ -188,18 +189,22 @@ class Profiler:
         self.startup_side_by_side = startup_side_by_side
         self.warm_workers = bool(warm_workers)
 
-    def side_by_side(self, cluster: ClusterSpec, gpus: int) -> int:
+    def side_by_side(self, cluster: ClusterSpec, gpus: int, tasks: int | None = None) -> int:
         """Trainers of ``gpus`` GPUs the start-up probe starts at once: ``startup_side_by_side``, else as
-        many as ``cluster`` holds (a run's first plan starts that many segments together), at most 8.
+        many as ``cluster`` holds (a run's first plan starts that many segments together), at most 8,
+        and no more than the ``tasks`` being profiled (a run of one task never starts two segments).
 
         Example:
             >>> p = Profiler(ClusterSpec.uniform(1, 2))
             >>> p.side_by_side(ClusterSpec.uniform(1, 2), 1), p.side_by_side(ClusterSpec.uniform(1, 2), 2)
             (2, 1)
+            >>> p.side_by_side(ClusterSpec.uniform(1, 4), 1, tasks=1)
+            1
         """
         if self.startup_side_by_side is not None:
             return self.startup_side_by_side
-        return max(1, min(MAX_SIDE_BY_SIDE, cluster.total_gpus // max(1, gpus)))
+        most = cluster.total_gpus // max(1, gpus)
+        return max(1, min(MAX_SIDE_BY_SIDE, most, most if tasks is None else tasks))
 
     # ------------------------------------------------------------------ planning
     def _hardware(self) -> str:
@@ -262,7 +267,7 @@ class Profiler:
         startup: dict[tuple[int, int], float] | None = None
         if self.segment_costs:
             shapes = {(t.gpus, t.nodes) for t in outcome.measured.values() if t.feasible}
-            startup = self._trainer_startup(hardware, sorted(shapes), cluster)
+            startup = self._trainer_startup(hardware, sorted(shapes), cluster, len(tasks))
         self.store.flush()
         table = self._table(tasks, sigs, outcome.measured, outcome.cached, startup)
         result = ProfileResult(
@@ -279,7 +284,7 @@ class Profiler:
         return result
 
     def _trainer_startup(
-        self, hardware: str, shapes: list[tuple[int, int]], cluster: ClusterSpec
+        self, hardware: str, shapes: list[tuple[int, int]], cluster: ClusterSpec, tasks: int
     ) -> dict[tuple[int, int], float]:
         """Trainer start (``fit()`` to the loop) per (gpus, nodes), with as many trainers started side by
         side as :meth:`side_by_side` says: from the store, else probed now."""
@@ -287,7 +292,7 @@ class Profiler:
 
         out = {}
         for g, n in shapes:
-            k = self.side_by_side(cluster, g)
+            k = self.side_by_side(cluster, g, tasks)
             known = self.store.startup(hardware, g, n, k)
             if known is None:
                 try:
