@@ -50,3 +50,22 @@ def test_the_simulator_runs_every_step(first, second):
     result = simulate(profile, ClusterSpec.uniform(1, 1), "fifo-min-gpus", SimConfig(noise=0.0))
     assert all(r.finish_s is not None for r in result.tasks)
     assert result.makespan_s == pytest.approx(first[0] * first[1] + second[0] * second[1], rel=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(step=STEP_S, n=STEPS, before=st.floats(0.0, 1e-7))
+def test_a_finish_handled_with_an_earlier_event_keeps_its_last_step(step, n, before):
+    # b arrives up to 1e-7 s before a's last step ends: the simulator handles both events together, at
+    # b's arrival; a must still finish with every step (it used to lose its last one).
+    rows = [{"task": t, "strategy": "ddp", "gpus": 1, "step_time_s": step, "steps": n} for t in ("a", "b")]
+    arrivals = {"a": 0.0, "b": max(0.0, n * step - before)}
+    result = simulate(ProfileTable.from_rows(rows), ClusterSpec.uniform(1, 2), "fifo-min-gpus",
+                      SimConfig(noise=0.0, arrivals=arrivals))
+    assert all(r.finish_s is not None for r in result.tasks)
+
+
+def test_a_step_time_far_below_the_event_tolerance_loses_no_step():
+    # Ten steps of 1e-320 s: a's progress report and its finish fall in one batch of events.
+    rows = [{"task": "a", "strategy": "ddp", "gpus": 1, "step_time_s": 1e-320, "steps": 10}]
+    result = simulate(ProfileTable.from_rows(rows), ClusterSpec.uniform(1, 1), "saturn-static", SimConfig())
+    assert result.tasks[0].finish_s is not None

@@ -294,7 +294,9 @@ class _World:
         run = self.running.pop(task, None)
         if run is None:
             raise SimulationError(f"t={now:.1f}: {task} stopped but it is not running")
-        steps = run.steps_at(now, self.total[task])
+        # A finish is handled with the events up to _EPS after the first of its batch (``now``): its
+        # steps are counted at its own time, the end of its last step, so none is lost to the batch.
+        steps = run.steps_at(max(now, run.finish_s) if status == "finished" else now, self.total[task])
         if checkpoint is not None:
             # Progress since the last checkpoint (one every checkpoint_interval_s of stepping) is lost.
             per_ckpt = max(1, int(checkpoint / run.step_s))
