@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_saturn.errors import SaturnError
+from ray_saturn.limits import number
 from ray_saturn.plan import Plan
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.report import RunReport, explain, gantt_png, render
@@ -142,8 +143,7 @@ def demo_tasks(scale: float = 1.0, *, steps: int | None = None) -> list[Task]:
 
     ``scale`` multiplies every task's steps; ``steps`` gives every task that many instead.
     """
-    if not scale > 0:
-        raise DemoError(f"scale is {scale}; give a positive factor")
+    scale = number(scale, "scale (a factor of every task's steps)", low=0, low_open=True, error=DemoError)
 
     def n(family: str, i: int) -> int:
         return steps if steps is not None else max(1, round(_STEPS[family][i] * scale))

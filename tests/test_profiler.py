@@ -161,15 +161,6 @@ def test_cli_profile(ray_local, tmp_path, capsys):
     assert ProfileTable.read(out).tasks == ["x", "y"]
 
 
-def test_cli_profile_bad_tasks_file(tmp_path, capsys):
-    from ray_saturn.cli import main
-
-    f = tmp_path / "t.py"
-    f.write_text("tasks = 3\n")
-    assert main(["profile", str(f), "-o", str(tmp_path / "o.csv"), "--num-gpus", "1"]) == 2
-    assert "define `tasks`" in capsys.readouterr().err
-
-
 def test_profile_needs_ray(monkeypatch):
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     with pytest.raises(SaturnError, match=r"ray.init\(\)"):

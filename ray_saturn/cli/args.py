@@ -22,7 +22,17 @@ from pathlib import Path
 from ray_saturn.errors import SaturnError
 from ray_saturn.limits import MAX_SEED, number, whole
 
-__all__ = ["OneLineParser", "count", "fraction", "output_file", "seconds", "seed", "write_text"]
+__all__ = [
+    "OneLineParser",
+    "count",
+    "fraction",
+    "output_file",
+    "output_folder",
+    "positive",
+    "seconds",
+    "seed",
+    "write_text",
+]
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -46,15 +56,20 @@ def _type(name: str, check: Callable[[str], object]) -> Callable[[str], object]:
 
 def seconds(flag: str, *, zero: bool = False) -> Callable[[str], object]:
     """A finite number of seconds, > 0 (or >= 0 with ``zero``)."""
+    return positive(flag, "seconds", zero=zero)
+
+
+def positive(flag: str, unit: str, *, zero: bool = False) -> Callable[[str], object]:
+    """A finite number > 0 (or >= 0 with ``zero``) of ``unit``, which the error names."""
     bound = ">= 0" if zero else "> 0"
 
     def check(text: str) -> float:
         try:
             return number(text, flag, low=0, low_open=not zero)
         except SaturnError:
-            raise SaturnError(f"{text!r} is not a finite number {bound} (seconds)") from None
+            raise SaturnError(f"{text!r} is not a finite number {bound} ({unit})") from None
 
-    return _type("seconds", check)
+    return _type(unit, check)
 
 
 def fraction(flag: str, *, high: float | None = None) -> Callable[[str], object]:
@@ -103,6 +118,19 @@ def output_file(flag: str) -> Callable[[str], object]:
         return text
 
     return _type("path", check)
+
+
+def output_folder(flag: str) -> Callable[[str], object]:
+    """A folder to write into: a folder, or a path nothing is at yet (it is created)."""
+
+    def check(text: str) -> str:
+        if not text.strip():
+            raise SaturnError("is empty; give a folder")
+        if Path(text).exists() and not Path(text).is_dir():
+            raise SaturnError(f"{text!r} is a file; give a folder")
+        return text
+
+    return _type("folder", check)
 
 
 def write_text(path: str, text: str, flag: str) -> None:

@@ -15,12 +15,18 @@ import json
 import sys
 import tempfile
 
+from ray_saturn.cli.args import count, output_folder, positive
+from ray_saturn.limits import MAX_GPUS_PER_NODE
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="run a small model-selection workload end to end", description=__doc__)
-    p.add_argument("--gpus", type=int, help="(logical) GPUs of the embedded Ray (default: up to 4, one per core)")
-    p.add_argument("--scale", type=float, default=1.0, help="multiply every task's steps (1)")
-    p.add_argument("--out", metavar="DIR", help="output folder (default: a new temporary folder)")
+    p.add_argument("--gpus", type=count("--gpus", high=MAX_GPUS_PER_NODE),
+                   help="(logical) GPUs of the embedded Ray (default: up to 4, one per core)")
+    p.add_argument("--scale", type=positive("--scale", "factor"), default=1.0,
+                   help="multiply every task's steps (1)")
+    p.add_argument("--out", type=output_folder("--out"), metavar="DIR",
+                   help="output folder (default: a new temporary folder)")
     p.add_argument("--no-progress", action="store_true", help="no live progress bars")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object (the rest to stderr)")
     p.set_defaults(func=run)
@@ -29,12 +35,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ray_saturn.demo import DemoError, run_demo
+    from ray_saturn.demo import run_demo
 
-    if args.gpus is not None and args.gpus < 1:
-        raise DemoError(f"--gpus is {args.gpus}; the demo needs at least 1 (logical) GPU")
-    if not args.scale > 0:
-        raise DemoError(f"--scale is {args.scale}; give a positive factor")
     out = args.out or tempfile.mkdtemp(prefix="ray-saturn-demo-")
     console = Console(file=sys.stderr) if args.json else None
     result = run_demo(out, gpus=args.gpus, scale=args.scale, progress=not args.no_progress, console=console)

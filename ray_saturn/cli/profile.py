@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import runpy
 from pathlib import Path
 
+from ray_saturn.cli.args import count, output_file, positive, seconds
 from ray_saturn.cli.plan import add_cluster_args, cluster_from_args
 from ray_saturn.errors import SpecError
-from ray_saturn.spec import ClusterSpec, Task
+from ray_saturn.limits import MAX_GPUS_PER_NODE
+from ray_saturn.workload_file import load_workload
 
 log = logging.getLogger(__name__)
 
@@ -31,34 +32,34 @@ def add_parser(sub) -> None:
     p.add_argument(
         "-o",
         "--output",
+        type=output_file("-o/--output"),
         required=True,
         metavar="FILE",
         help="profile table to write (.parquet or .csv)",
     )
     add_cluster_args(p)
     p.add_argument("--address", help="Ray address to connect to (default: auto)")
-    p.add_argument(
-        "--num-gpus", type=int, metavar="N", help="start a local Ray with N logical GPUs"
-    )
+    p.add_argument("--num-gpus", type=count("--num-gpus", high=MAX_GPUS_PER_NODE), metavar="N",
+                   help="start a local Ray with N logical GPUs")
     p.add_argument(
         "--strategies", help="comma-separated strategies to try (default: all registered)"
     )
     p.add_argument(
         "--store", metavar="FILE", help="Parquet profile store (cache) to read and extend"
     )
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per knob setting (2)")
+    p.add_argument("--warmup", type=count("--warmup", low=0), default=2, help="untimed steps per knob setting (2)")
     p.add_argument(
-        "--steps", type=int, default=5, help="timed steps per knob setting; the median counts (5)"
+        "--steps", type=count("--steps"), default=5, help="timed steps per knob setting; the median counts (5)"
     )
     p.add_argument(
         "--trial-timeout",
-        type=float,
+        type=seconds("--trial-timeout"),
         default=600.0,
         metavar="S",
         help="kill a trial after S s (600)",
     )
     p.add_argument(
-        "--memory-limit-gb", type=float, help="infeasible above this peak memory per GPU"
+        "--memory-limit-gb", type=positive("--memory-limit-gb", "GB"), help="infeasible above this peak memory per GPU"
     )
     p.add_argument(
         "--no-segment-costs",
@@ -69,28 +70,28 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def load_tasks(path: str) -> list[Task]:
-    """The tasks a TASKS.py file defines."""
-    p = Path(path)
-    if not p.is_file():
-        raise SpecError(f"{path}: no such tasks file")
-    namespace = runpy.run_path(str(p), run_name="ray_saturn_tasks")
-    tasks = namespace.get("tasks")
-    if callable(tasks):
-        tasks = tasks()
-    if not isinstance(tasks, (list, tuple)) or not all(isinstance(t, Task) for t in tasks):
-        raise SpecError(
-            f"{path}: define `tasks` as a list of ray_saturn.Task (or a function returning one)"
-        )
-    return list(tasks)
-
-
 def run(args: argparse.Namespace) -> int:
     import ray
 
     from ray_saturn.profiler import Profiler
 
-    tasks = load_tasks(args.tasks)
+    # Everything is checked before Ray starts: the flags (by their types), the output's format, the
+    # tasks, the cluster (unless it is Ray's own), the strategies and the store.
+    if Path(args.output).suffix.lower() not in (".csv", ".parquet"):
+        raise SpecError(f"-o {args.output}: a profile table is written as .csv or .parquet; give one of those")
+    tasks = load_workload(args.tasks)
+    given = args.cluster or args.nodes or args.gpus_per_node
+    strategies = [s.strip() for s in args.strategies.split(",")] if args.strategies else None
+    profiler = Profiler(
+        cluster_from_args(args) if given else None,  # None: the connected Ray cluster's
+        strategies=strategies,
+        store=args.store,
+        warmup=args.warmup,
+        steps=args.steps,
+        trial_timeout_s=args.trial_timeout,
+        memory_limit_gb=args.memory_limit_gb,
+        segment_costs=not args.no_segment_costs,
+    )
     started = False
     if not ray.is_initialized():
         if args.num_gpus is not None:
@@ -99,20 +100,7 @@ def run(args: argparse.Namespace) -> int:
             ray.init(address=args.address or "auto", include_dashboard=False)
         started = True
     try:
-        cluster = (
-            cluster_from_args(args) if (args.cluster or args.nodes) else ClusterSpec.from_ray()
-        )
-        strategies = [s.strip() for s in args.strategies.split(",")] if args.strategies else None
-        result = Profiler(
-            cluster,
-            strategies=strategies,
-            store=args.store,
-            warmup=args.warmup,
-            steps=args.steps,
-            trial_timeout_s=args.trial_timeout,
-            memory_limit_gb=args.memory_limit_gb,
-            segment_costs=not args.no_segment_costs,
-        ).run(tasks)
+        result = profiler.run(tasks)
     finally:
         if started:
             ray.shutdown()

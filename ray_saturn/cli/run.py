@@ -13,6 +13,7 @@ import json
 import os
 
 from ray_saturn import defaults
+from ray_saturn.cli.args import seconds
 from ray_saturn.solver.objective import OBJECTIVES
 from ray_saturn.workload_file import load_workload
 
@@ -35,14 +36,14 @@ def add_parser(sub) -> None:
     p.add_argument("--policy", default=defaults.POLICY, help=f"re-planning policy ({defaults.POLICY})")
     p.add_argument(
         "--checkpoint-interval",
-        type=float,
+        type=seconds("--checkpoint-interval"),
         default=defaults.CHECKPOINT_INTERVAL_S,
         metavar="S",
         help=f"seconds between checkpoints ({defaults.CHECKPOINT_INTERVAL_S:g})",
     )
     p.add_argument(
         "--solver-time-limit",
-        type=float,
+        type=seconds("--solver-time-limit"),
         default=defaults.SOLVER_TIME_LIMIT_S,
         metavar="S",
         help=f"wall seconds per solver call ({defaults.SOLVER_TIME_LIMIT_S:g})",

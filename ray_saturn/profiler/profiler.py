@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ray_saturn.errors import ProfileError, SaturnError, SpecError
+from ray_saturn.limits import number, whole
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.profiler.ladder import LadderWalk, gpu_ladder
 from ray_saturn.profiler.pool import TrialPool
@@ -155,10 +156,12 @@ class Profiler:
         startup_side_by_side: int | None = None,
         warm_workers: bool = True,
     ) -> None:
-        if warmup < 0 or steps < 1:
-            raise SpecError(f"warmup={warmup}, steps={steps}: give warmup >= 0 and steps >= 1")
-        if trial_timeout_s <= 0 or placement_timeout_s <= 0:
-            raise SpecError("trial_timeout_s and placement_timeout_s must be positive seconds")
+        warmup = whole(warmup, "warmup (untimed steps per knob setting)", low=0)
+        steps = whole(steps, "steps (timed steps per knob setting)", low=1)
+        trial_timeout_s = number(trial_timeout_s, "trial_timeout_s", low=0, low_open=True)
+        placement_timeout_s = number(placement_timeout_s, "placement_timeout_s", low=0, low_open=True)
+        if memory_limit_gb is not None:  # checked, kept as given: it is part of the trials' cache key
+            number(memory_limit_gb, "memory_limit_gb (GB per GPU)", low=0, low_open=True)
         if not 0 <= min_improvement < 1:
             raise SpecError(f"min_improvement is {min_improvement}; give a fraction in [0, 1), e.g. 0.05")
         self.cluster = cluster
@@ -168,12 +171,12 @@ class Profiler:
                 get_strategy(s)
         self.store = ProfileStore(store)
         self.measure_kw = {
-            "warmup": int(warmup),
-            "steps": int(steps),
+            "warmup": warmup,
+            "steps": steps,
             "memory_limit_gb": memory_limit_gb,
         }
-        self.trial_timeout_s = float(trial_timeout_s)
-        self.placement_timeout_s = float(placement_timeout_s)
+        self.trial_timeout_s = trial_timeout_s
+        self.placement_timeout_s = placement_timeout_s
         self.min_improvement = float(min_improvement)
         self.max_concurrent = max_concurrent
         self.segment_costs = bool(segment_costs)

@@ -1,0 +1,69 @@
+"""`run`, `profile` and `demo` refuse bad flags and inputs with one line and exit 2, before Ray starts.
+
+(`plan`, `simulate` and `emulate` have theirs in test_cli_plan.py, test_cli_fuzz.py and test_emulate_cli.py.)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ray_saturn.cli import main
+
+WORKLOAD = "from ray_saturn.toy import mlp_task\ntasks = [mlp_task('m')]\n"
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    import ray
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("bad input must be refused before Ray starts")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "{w}", "--storage", "{tmp}/r", "--checkpoint-interval", "inf"],
+         "argument --checkpoint-interval: 'inf' is not a finite number > 0 (seconds)"),
+        (["run", "{w}", "--storage", "{tmp}/r", "--checkpoint-interval", "nan"], "--checkpoint-interval: 'nan'"),
+        (["run", "{w}", "--storage", "{tmp}/r", "--solver-time-limit", "inf"], "--solver-time-limit: 'inf'"),
+        (["run", "{w}", "--storage", "{tmp}/r", "--policy", "nosuch"], "unknown policy 'nosuch'"),
+        (["profile", "{w}", "-o", "{tmp}/p.csv", "--num-gpus", "0"], "--num-gpus: '0' is not a whole number"),
+        (["profile", "{w}", "-o", "{tmp}/p.csv", "--warmup", "-1"], "--warmup: '-1' is not a whole number"),
+        (["profile", "{w}", "-o", "{tmp}/p.csv", "--steps", "1.5"], "--steps: '1.5' is not a whole number"),
+        (["profile", "{w}", "-o", "{tmp}/p.csv", "--trial-timeout", "nan"], "--trial-timeout: 'nan'"),
+        (["profile", "{w}", "-o", "{tmp}/p.csv", "--memory-limit-gb", "inf"],
+         "--memory-limit-gb: 'inf' is not a finite number > 0 (GB)"),
+        (["profile", "{w}", "-o", "{tmp}/nofolder/p.csv"], "folder '{tmp}/nofolder' does not exist"),
+        (["profile", "{w}", "-o", "{tmp}"], "is a folder"),
+        (["profile", "{w}", "-o", "{tmp}/p.json"], "written as .csv or .parquet"),
+        (["profile", "{w}", "-o", "{tmp}/p.csv", "--cluster", "{tmp}/nan.json"], "node 'a' gpus is nan"),
+        (["profile", "{w}", "-o", "{tmp}/p.csv", "--gpus-per-node", "2"], "give --nodes N and --gpus-per-node G"),
+        (["profile", "{w}", "-o", "{tmp}/p.csv", "--strategies", "nosuch"], "nosuch"),
+        (["profile", "{tmp}/three.py", "-o", "{tmp}/p.csv"], "`tasks` is a int; make it a list"),
+        (["profile", "{tmp}/none.py", "-o", "{tmp}/p.csv"], "no such workload file"),
+        (["demo", "--scale", "inf"], "argument --scale: 'inf' is not a finite number > 0 (factor)"),
+        (["demo", "--scale", "0"], "argument --scale: '0'"),
+        (["demo", "--gpus", "0"], "argument --gpus: '0' is not a whole number from 1 to 1024"),
+        (["demo", "--out", "{w}"], "is a file; give a folder"),
+    ],
+)
+def test_bad_input_is_one_line_before_ray_starts(tmp_path, capsys, no_ray, args, message):
+    (tmp_path / "w.py").write_text(WORKLOAD)
+    (tmp_path / "three.py").write_text("tasks = 3\n")
+    (tmp_path / "nan.json").write_text('{"nodes": [{"name": "a", "gpus": NaN}]}')
+    argv = [a.format(w=tmp_path / "w.py", tmp=tmp_path) for a in args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message.format(tmp=tmp_path) in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_the_demo_library_refuses_an_infinite_scale():
+    from ray_saturn.demo import DemoError, demo_tasks
+
+    with pytest.raises(DemoError, match=r"scale .* is inf; give a finite number > 0"):
+        demo_tasks(float("inf"))
