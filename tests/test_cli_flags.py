@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ray_saturn.cli import main
@@ -67,3 +69,21 @@ def test_the_demo_library_refuses_an_infinite_scale():
 
     with pytest.raises(DemoError, match=r"scale .* is inf; give a finite number > 0"):
         demo_tasks(float("inf"))
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("checkpoint_interval_s", float("inf"), "DriverConfig.checkpoint_interval_s is inf; give a finite number > 0"),
+        ("solver_time_limit_s", float("nan"), "DriverConfig.solver_time_limit_s is nan"),
+        ("restart_s", -1.0, "DriverConfig.restart_s is -1.0; give a finite number >= 0"),
+        ("min_reports", 2.5, "DriverConfig.min_reports is 2.5; give a whole number"),
+        ("seed", -1, "DriverConfig.seed is -1"),
+    ],
+)
+def test_driver_config_checks_its_numbers(field, value, message):
+    from ray_saturn.errors import SaturnError
+    from ray_saturn.runtime.config import DriverConfig
+
+    with pytest.raises(SaturnError, match=re.escape(message)):
+        DriverConfig(**{field: value})

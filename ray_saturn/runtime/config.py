@@ -23,7 +23,7 @@ from typing import Any
 
 from ray_saturn import defaults
 from ray_saturn.errors import SaturnError
-from ray_saturn.limits import MAX_NOISE, number
+from ray_saturn.limits import MAX_NOISE, MAX_SEED, number, whole
 from ray_saturn.spec import check_name
 
 __all__ = ["DriverConfig", "RunSettings", "check_policy", "emulation_config"]
@@ -76,13 +76,14 @@ class DriverConfig:
         from ray_saturn.solver.objective import parse_objective
 
         object.__setattr__(self, "objective", parse_objective(self.objective))
-        for name in ("solver_time_limit_s", "checkpoint_interval_s", "poll_wall_s", "min_reports"):
-            if not getattr(self, name) > 0:
-                raise SaturnError(f"DriverConfig.{name} is {getattr(self, name)}; it must be > 0")
-        for name in ("restart_s", "max_failures", "min_replan_gap_s", "drift_replan_gap_s",
-                     "drift_replan_gap_fraction"):
-            if not getattr(self, name) >= 0:
-                raise SaturnError(f"DriverConfig.{name} is {getattr(self, name)}; it must be >= 0")
+        for name in ("solver_time_limit_s", "checkpoint_interval_s", "poll_wall_s"):
+            number(getattr(self, name), f"DriverConfig.{name}", low=0, low_open=True, error=SaturnError)
+        for name in ("restart_s", "min_replan_gap_s", "drift_replan_gap_s", "drift_replan_gap_fraction",
+                     "node_check_wall_s", "persist_wall_s"):
+            number(getattr(self, name), f"DriverConfig.{name}", low=0, error=SaturnError)
+        whole(self.min_reports, "DriverConfig.min_reports", low=1, error=SaturnError)
+        whole(self.max_failures, "DriverConfig.max_failures", low=0, error=SaturnError)
+        whole(self.seed, "DriverConfig.seed", low=0, high=MAX_SEED, error=SaturnError)
 
     def with_policy(self, policy: str | None) -> DriverConfig:
         """This config with ``policy`` (``None``: unchanged)."""
