@@ -7,9 +7,17 @@
   checkpoint columns prices each move with its own measured figures).
 - :data:`SOLVER_TIME_LIMIT_S`: wall seconds per solver call of a run.
 - :data:`EMULATE_SOLVER_TIME_LIMIT_S`: the same for ``ray-saturn emulate``.
+- :data:`SIMULATE_SOLVER_TIME_LIMIT_S`: the same for a simulated run
+  (:class:`~ray_saturn.sim.SimConfig`, ``ray-saturn simulate``).
+- :data:`PLAN_POLICY`, :data:`PLAN_TIME_LIMIT_S`: the solver policy and its
+  time limit for one plan (:func:`ray_saturn.solver.solve`, ``ray-saturn plan``).
 - :data:`DRIFT_REPLAN_GAP_FRACTION`: a run re-plans for drift (a task off its
   estimate, idle GPUs) at most once per this fraction of its first plan's
   makespan; finishes, failures, arrivals and node changes re-plan at once.
+- :data:`PROFILE_WARMUP_STEPS`, :data:`PROFILE_TIMED_STEPS`,
+  :data:`PROFILE_TRIAL_TIMEOUT_S`: a profiler trial's untimed and timed steps
+  per knob setting (the median of the timed ones counts) and the seconds
+  before it is killed (:class:`~ray_saturn.profiler.Profiler`, ``ray-saturn profile``).
 - :data:`LEASE_HEARTBEAT_S`: seconds between heartbeats of a run folder's lock.
 - :data:`LEASE_STALE_S`: a lock not renewed for this long belongs to a dead run
   (on the owner's own machine a dead owner is recognised at once by its process).
@@ -28,8 +36,14 @@ __all__ = [
     "EMULATE_SOLVER_TIME_LIMIT_S",
     "LEASE_HEARTBEAT_S",
     "LEASE_STALE_S",
+    "PLAN_POLICY",
+    "PLAN_TIME_LIMIT_S",
     "POLICY",
+    "PROFILE_TIMED_STEPS",
+    "PROFILE_TRIAL_TIMEOUT_S",
+    "PROFILE_WARMUP_STEPS",
     "RESTART_S",
+    "SIMULATE_SOLVER_TIME_LIMIT_S",
     "SOLVER_TIME_LIMIT_S",
 ]
 
@@ -38,6 +52,12 @@ CHECKPOINT_INTERVAL_S = 60.0
 RESTART_S = 30.0
 SOLVER_TIME_LIMIT_S = 10.0
 EMULATE_SOLVER_TIME_LIMIT_S = 2.0
+SIMULATE_SOLVER_TIME_LIMIT_S = 2.0
+PLAN_POLICY = "saturn"
+PLAN_TIME_LIMIT_S = 30.0
+PROFILE_WARMUP_STEPS = 2
+PROFILE_TIMED_STEPS = 5
+PROFILE_TRIAL_TIMEOUT_S = 600.0
 DRIFT_REPLAN_GAP_FRACTION = 0.05
 LEASE_HEARTBEAT_S = 5.0
 LEASE_STALE_S = 60.0

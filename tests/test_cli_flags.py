@@ -87,3 +87,31 @@ def test_driver_config_checks_its_numbers(field, value, message):
 
     with pytest.raises(SaturnError, match=re.escape(message)):
         DriverConfig(**{field: value})
+
+
+def test_the_cli_defaults_are_the_library_defaults():
+    import inspect
+
+    from ray_saturn.cli import build_parser
+    from ray_saturn.profiler import Profiler
+    from ray_saturn.runtime.config import DriverConfig, emulation_config
+    from ray_saturn.sim import SimConfig
+    from ray_saturn.solver import solve
+
+    def defaults_of(fn):
+        return {k: p.default for k, p in inspect.signature(fn).parameters.items()}
+
+    parse = build_parser().parse_args
+    run, cfg = parse(["run", "w.py", "--storage", "r"]), DriverConfig()
+    assert (run.policy, run.checkpoint_interval, run.solver_time_limit) == (
+        cfg.policy, cfg.checkpoint_interval_s, cfg.solver_time_limit_s)
+    sim, sim_cfg = parse(["simulate", "p.csv"]), SimConfig()
+    assert (sim.restart_cost, sim.solver_time_limit) == (sim_cfg.restart_s, sim_cfg.solver_time_limit_s)
+    plan, solve_defaults = parse(["plan", "p.csv"]), defaults_of(solve)
+    assert (plan.policy, plan.time_limit) == (solve_defaults["policy"], solve_defaults["time_limit_s"])
+    emu = parse(["emulate", "p.csv", "--nodes", "1", "--gpus-per-node", "1", "--time-scale", "1"])
+    emu_defaults = defaults_of(emulation_config)
+    assert (emu.policy, emu.solver_time_limit) == (emu_defaults["policy"], emu_defaults["solver_time_limit_s"])
+    prof, prof_defaults = parse(["profile", "t.py", "-o", "p.csv"]), defaults_of(Profiler)
+    assert (prof.warmup, prof.steps, prof.trial_timeout) == (
+        prof_defaults["warmup"], prof_defaults["steps"], prof_defaults["trial_timeout_s"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ray_saturn import defaults
 from ray_saturn.cli.args import count, output_file, seconds, seed, write_text
 from ray_saturn.errors import SpecError
 from ray_saturn.limits import MAX_GPUS_PER_NODE, MAX_NODES
@@ -45,9 +46,10 @@ def add_parser(sub) -> None:
     p.add_argument("profile", nargs="?", help="profile table (.csv or .parquet), see the README for its columns")
     p.add_argument("--example", action="store_true", help="plan the shipped example profile (24 jobs, Pollux traces)")
     add_cluster_args(p)
-    p.add_argument("--policy", default="saturn", help="saturn (default) or a baseline: " + ", ".join(policy_names()))
-    p.add_argument("--time-limit", type=seconds("--time-limit"), default=30.0, metavar="S",
-                   help="solver time limit in seconds (30)")
+    p.add_argument("--policy", default=defaults.PLAN_POLICY,
+                   help=f"{defaults.PLAN_POLICY} (default) or a baseline: " + ", ".join(policy_names()))
+    p.add_argument("--time-limit", type=seconds("--time-limit"), default=defaults.PLAN_TIME_LIMIT_S, metavar="S",
+                   help=f"solver time limit in seconds ({defaults.PLAN_TIME_LIMIT_S:g})")
     p.add_argument("--seed", type=seed(), default=0)
     p.add_argument("--deterministic", action="store_true",
                    help="count the saturn search in work, not seconds: the same plan for the same seed on any machine")

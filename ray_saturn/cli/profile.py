@@ -13,6 +13,7 @@ import json
 import logging
 from pathlib import Path
 
+from ray_saturn import defaults
 from ray_saturn.cli.args import count, output_file, positive, seconds
 from ray_saturn.cli.plan import add_cluster_args, cluster_from_args
 from ray_saturn.errors import SpecError
@@ -47,17 +48,12 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--store", metavar="FILE", help="Parquet profile store (cache) to read and extend"
     )
-    p.add_argument("--warmup", type=count("--warmup", low=0), default=2, help="untimed steps per knob setting (2)")
-    p.add_argument(
-        "--steps", type=count("--steps"), default=5, help="timed steps per knob setting; the median counts (5)"
-    )
-    p.add_argument(
-        "--trial-timeout",
-        type=seconds("--trial-timeout"),
-        default=600.0,
-        metavar="S",
-        help="kill a trial after S s (600)",
-    )
+    p.add_argument("--warmup", type=count("--warmup", low=0), default=defaults.PROFILE_WARMUP_STEPS,
+                   help=f"untimed steps per knob setting ({defaults.PROFILE_WARMUP_STEPS})")
+    p.add_argument("--steps", type=count("--steps"), default=defaults.PROFILE_TIMED_STEPS,
+                   help=f"timed steps per knob setting; the median counts ({defaults.PROFILE_TIMED_STEPS})")
+    p.add_argument("--trial-timeout", type=seconds("--trial-timeout"), default=defaults.PROFILE_TRIAL_TIMEOUT_S,
+                   metavar="S", help=f"kill a trial after S s ({defaults.PROFILE_TRIAL_TIMEOUT_S:g})")
     p.add_argument(
         "--memory-limit-gb", type=positive("--memory-limit-gb", "GB"), help="infeasible above this peak memory per GPU"
     )

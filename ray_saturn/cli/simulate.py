@@ -105,9 +105,9 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--solver-time-limit",
         type=seconds("--solver-time-limit"),
-        default=2.0,
+        default=defaults.SIMULATE_SOLVER_TIME_LIMIT_S,
         metavar="S",
-        help="time limit of each (re-)plan (2)",
+        help=f"time limit of each (re-)plan ({defaults.SIMULATE_SOLVER_TIME_LIMIT_S:g})",
     )
     p.add_argument(
         "--replan-gap",

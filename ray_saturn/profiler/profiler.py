@@ -49,6 +49,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ray_saturn import defaults
 from ray_saturn.errors import ProfileError, SaturnError, SpecError
 from ray_saturn.limits import number, whole
 from ray_saturn.profile_table import ProfileTable
@@ -145,9 +146,9 @@ class Profiler:
         *,
         strategies: Sequence[str] | None = None,
         store: str | None = None,
-        warmup: int = 2,
-        steps: int = 5,
-        trial_timeout_s: float = 600.0,
+        warmup: int = defaults.PROFILE_WARMUP_STEPS,
+        steps: int = defaults.PROFILE_TIMED_STEPS,
+        trial_timeout_s: float = defaults.PROFILE_TRIAL_TIMEOUT_S,
         placement_timeout_s: float = 120.0,
         min_improvement: float = 0.05,
         memory_limit_gb: float | None = None,

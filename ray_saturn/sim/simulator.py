@@ -108,7 +108,7 @@ class SimConfig:
     restart_s: float = defaults.RESTART_S
     arrivals: Mapping[str, float] | None = None
     failures: Sequence[NodeFailure] = ()
-    solver_time_limit_s: float = 2.0
+    solver_time_limit_s: float = defaults.SIMULATE_SOLVER_TIME_LIMIT_S
     min_replan_gap_s: float = 0.0
     min_replan_gap_fraction: float = 0.0
     checkpoint_interval_s: float = defaults.CHECKPOINT_INTERVAL_S

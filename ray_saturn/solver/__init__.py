@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from ray_saturn import defaults
 from ray_saturn.context import PlanningContext
 from ray_saturn.errors import SpecError
 from ray_saturn.limits import MAX_SEED, number, whole
@@ -57,14 +58,13 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-DEFAULT_POLICY = "saturn"
 
 
 def solve_problem(
     problem: Problem,
-    policy: str | Policy = DEFAULT_POLICY,
+    policy: str | Policy = defaults.PLAN_POLICY,
     *,
-    time_limit_s: float = 30.0,
+    time_limit_s: float = defaults.PLAN_TIME_LIMIT_S,
     seed: int = 0,
     bound: LowerBound | None = None,
     on_plan: Callable[[Plan], None] | None = None,
@@ -120,10 +120,10 @@ def solve_problem(
 def solve(
     profile: ProfileTable,
     cluster: ClusterSpec,
-    policy: str | Policy = DEFAULT_POLICY,
+    policy: str | Policy = defaults.PLAN_POLICY,
     *,
     context: PlanningContext | None = None,
-    time_limit_s: float = 30.0,
+    time_limit_s: float = defaults.PLAN_TIME_LIMIT_S,
     seed: int = 0,
     on_plan: Callable[[Plan], None] | None = None,
     objective: str | None = None,
