@@ -13,22 +13,21 @@ import signal
 import threading
 import time
 
+import psutil
 import pytest
+import ray
 
-ray = pytest.importorskip("ray")
-import psutil  # noqa: E402  (the test extra installs it; a missing one must fail, not skip)
-
-from ray_saturn import ProfileTable  # noqa: E402
-from ray_saturn.runtime.api import (  # noqa: E402
+from ray_saturn import ProfileTable
+from ray_saturn.runtime.api import (
     DRIVER_NAMESPACE,
     driver_name,
     emulate,
     emulated_cluster,
     resume,
 )
-from ray_saturn.runtime.driver import EVENTS_FILE, STATE_FILE  # noqa: E402
-from ray_saturn.runtime.launcher import head_node_id, on_head_node  # noqa: E402
-from ray_saturn.runtime.storage import RunStorage  # noqa: E402
+from ray_saturn.runtime.driver import EVENTS_FILE, STATE_FILE
+from ray_saturn.runtime.launcher import head_node_id, on_head_node
+from ray_saturn.runtime.storage import RunStorage
 
 pytestmark = pytest.mark.ray
 

@@ -21,15 +21,14 @@ import time
 from pathlib import Path
 
 import pytest
+import ray
 from ray_head import cluster_environ
 
-ray = pytest.importorskip("ray")
-
-from ray_saturn import ProfileTable  # noqa: E402
-from ray_saturn.runtime.emulation import emulated_cluster  # noqa: E402
-from ray_saturn.runtime.journal import EVENTS_FILE, STATE_FILE  # noqa: E402
-from ray_saturn.runtime.reclaim import reclaim_dead_runs  # noqa: E402
-from ray_saturn.runtime.storage import RunStorage  # noqa: E402
+from ray_saturn import ProfileTable
+from ray_saturn.runtime.emulation import emulated_cluster
+from ray_saturn.runtime.journal import EVENTS_FILE, STATE_FILE
+from ray_saturn.runtime.reclaim import reclaim_dead_runs
+from ray_saturn.runtime.storage import RunStorage
 
 pytestmark = pytest.mark.ray
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import ray
 from ray_head import local_ray
 
 import ray_saturn
@@ -16,8 +17,6 @@ from ray_saturn.profiler.store import StoredTrial
 from ray_saturn.spec import ClusterSpec
 from ray_saturn.strategies import strategy_names
 from ray_saturn.toy import faulty_task, mlp_task
-
-ray = pytest.importorskip("ray")
 
 CLUSTER = ClusterSpec.uniform(1, 2)
 FAST = {"warmup": 1, "steps": 2, "segment_costs": False}  # the start-up probe: tests/test_segment_costs.py

@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import ray
 
 import ray_saturn
 from ray_saturn.profiler import Profiler, gpu_ladder
 from ray_saturn.spec import ClusterSpec
 from ray_saturn.toy import mlp_task
-
-ray = pytest.importorskip("ray")
 
 FAST = {"warmup": 1, "steps": 2, "segment_costs": False}  # the start-up probe: tests/test_segment_costs.py
 

@@ -11,7 +11,8 @@ from ray_saturn.runtime.local import WORKER_NICENESS, local_gpus, local_ray
 
 @pytest.mark.ray
 def test_local_ray_workers_are_not_niced():
-    ray = pytest.importorskip("ray")
+    import ray
+
     assert WORKER_NICENESS not in os.environ
 
     @ray.remote(num_gpus=1)

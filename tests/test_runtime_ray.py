@@ -10,14 +10,13 @@ import json
 import time
 
 import pytest
+import ray
 
-ray = pytest.importorskip("ray")
-
-from ray_saturn import ClusterSpec, ProfileTable  # noqa: E402
-from ray_saturn.runtime.api import emulate, emulated_cluster  # noqa: E402
-from ray_saturn.runtime.journal import EVENTS_FILE  # noqa: E402
-from ray_saturn.runtime.ledger import LedgerError  # noqa: E402
-from ray_saturn.runtime.pg_manager import PlacementGroupManager  # noqa: E402
+from ray_saturn import ClusterSpec, ProfileTable
+from ray_saturn.runtime.api import emulate, emulated_cluster
+from ray_saturn.runtime.journal import EVENTS_FILE
+from ray_saturn.runtime.ledger import LedgerError
+from ray_saturn.runtime.pg_manager import PlacementGroupManager
 
 pytestmark = pytest.mark.ray
 

@@ -87,7 +87,6 @@ def test_knobs_for_is_the_one_reader_of_the_knobs_column():
 
 @pytest.mark.ray
 def test_profile_has_start_up_and_checkpoint_columns(tmp_path):
-    pytest.importorskip("ray")
     with local_ray(num_gpus=1, num_cpus=1):
         store = str(tmp_path / "store.parquet")
         kw = {"strategies": ["single"], "warmup": 1, "steps": 2, "store": store}
@@ -107,7 +106,6 @@ def test_profile_has_start_up_and_checkpoint_columns(tmp_path):
 def test_start_up_probe_side_by_side_on_two_gpus(tmp_path):
     """Two tasks on 2 logical GPUs: two trainers started at once; the profile's start-up is theirs, kept
     under 2 (tasks differing only in learning rate: one trial measures both)."""
-    pytest.importorskip("ray")
     with local_ray(num_gpus=2, num_cpus=2):
         store = str(tmp_path / "store.parquet")
         result = Profiler(ClusterSpec.from_ray(), strategies=["single"], warmup=1, steps=2, store=store).run(

@@ -30,13 +30,12 @@ import time
 from pathlib import Path
 
 import pytest
+import ray
 from s3_server import s3  # noqa: F401  (the fixture)
 
-ray = pytest.importorskip("ray")
-
-from ray_saturn.runtime.journal import STATE_FILE  # noqa: E402
-from ray_saturn.runtime.storage import CHECKPOINTS_DIR, TASKS_DIR, RunStorage  # noqa: E402
-from ray_saturn.strategies.checkpoint import latest_step  # noqa: E402
+from ray_saturn.runtime.journal import STATE_FILE
+from ray_saturn.runtime.storage import CHECKPOINTS_DIR, TASKS_DIR, RunStorage
+from ray_saturn.strategies.checkpoint import latest_step
 
 pytestmark = pytest.mark.ray
 
