@@ -29,17 +29,24 @@ from __future__ import annotations
 
 from ray_saturn.solver.listsched import list_schedule, whole_node_schedule
 from ray_saturn.solver.policy import Policy, PolicyResult, register_policy
-from ray_saturn.solver.problem import Option
+from ray_saturn.solver.problem import Option, Problem, Schedule
 
 
 class _Fifo(Policy):
+    """A rule (``key``: the smallest option wins) picks each task's option; ``place`` starts the tasks in
+    profile order."""
+
     @staticmethod
     def key(o: Option):
         raise NotImplementedError
 
+    @staticmethod
+    def place(problem: Problem, choice: list[int], order: list[int]) -> Schedule:
+        return list_schedule(problem, choice, order, strict=True)
+
     def solve(self, problem, bound, *, time_limit_s, seed, on_schedule=None):
         choice = problem.choose(lambda t, o: self.key(o))
-        sched = list_schedule(problem, choice, list(range(problem.num_tasks)), strict=True)
+        sched = self.place(problem, choice, list(range(problem.num_tasks)))
         if on_schedule:
             on_schedule(sched)
         return PolicyResult(sched)
@@ -55,15 +62,13 @@ class FifoMaxGpus(_Fifo):
 
 
 @register_policy
-class FifoWholeNode(Policy):
+class FifoWholeNode(_Fifo):
     name = "fifo-whole-node"
+    place = staticmethod(whole_node_schedule)
 
-    def solve(self, problem, bound, *, time_limit_s, seed, on_schedule=None):
-        choice = problem.choose(lambda t, o: (o.k, o.duration_s, o.gpus))
-        sched = whole_node_schedule(problem, choice, list(range(problem.num_tasks)))
-        if on_schedule:
-            on_schedule(sched)
-        return PolicyResult(sched)
+    @staticmethod
+    def key(o: Option):
+        return (o.k, o.duration_s, o.gpus)
 
 
 @register_policy
