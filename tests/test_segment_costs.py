@@ -15,7 +15,7 @@ from ray_head import local_ray
 
 import ray_saturn
 from ray_saturn import ClusterSpec, ProfileError, ProfileTable
-from ray_saturn.profiler import Profiler, knobs_for
+from ray_saturn.profiler import Profiler, knobs_for, parse_knobs
 from ray_saturn.profiler.segment import measure_segment_costs
 from ray_saturn.profiler.store import ProfileStore, StoredTrial
 from ray_saturn.strategies import WorkerContext
@@ -83,6 +83,10 @@ def test_knobs_for_is_the_one_reader_of_the_knobs_column():
         knobs_for(bad, "a", "ddp", 2)
     plain = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 2, "step_time_s": 1.0, "steps": 1}])
     assert knobs_for(plain, "a", "ddp", 2) == {}
+    # The parser it shares with every other reader of knob settings, with the caller's error type.
+    assert parse_knobs({"a": 1}, "row 1") == {"a": 1} and parse_knobs("", "row 1") == {}
+    with pytest.raises(ray_saturn.SpecError, match=r"row 1 must be a JSON object \(or a dict\), got '\[1\]'"):
+        parse_knobs("[1]", "row 1", error=ray_saturn.SpecError)
 
 
 @pytest.mark.ray

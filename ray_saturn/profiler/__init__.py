@@ -12,6 +12,6 @@ what they hold:
 """
 
 from ray_saturn.profiler.ladder import gpu_ladder
-from ray_saturn.profiler.profiler import Profiler, ProfileResult, knobs_for, profile
+from ray_saturn.profiler.profiler import Profiler, ProfileResult, knobs_for, parse_knobs, profile
 
-__all__ = ["ProfileResult", "Profiler", "gpu_ladder", "knobs_for", "profile"]
+__all__ = ["ProfileResult", "Profiler", "gpu_ladder", "knobs_for", "parse_knobs", "profile"]

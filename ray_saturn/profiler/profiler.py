@@ -59,7 +59,7 @@ from ray_saturn.profiler.store import ProfileStore
 from ray_saturn.spec import ClusterSpec, Task, check_unique_names
 from ray_saturn.strategies.registry import get_strategy, strategy_names
 
-__all__ = ["ProfileResult", "Profiler", "knobs_for", "profile"]
+__all__ = ["ProfileResult", "Profiler", "knobs_for", "parse_knobs", "profile"]
 
 log = logging.getLogger(__name__)
 
@@ -88,19 +88,29 @@ def knobs_for(table: ProfileTable, task: str, strategy: str, gpus: int, nodes: i
     for row in arrow.select(["task", "strategy", "gpus", "nodes", "knobs"]).to_pylist():
         if (row["task"], row["strategy"], row["gpus"], row["nodes"]) != key:
             continue
-        raw = row["knobs"]
-        if raw is None or raw == "":
-            return {}
-        if isinstance(raw, Mapping):
-            return dict(raw)
-        try:
-            out = json.loads(raw)
-        except (TypeError, ValueError):
-            raise ProfileError(f"{table.source}: knobs of {key} are not JSON: {str(raw)[:80]!r}") from None
-        if not isinstance(out, Mapping):
-            raise ProfileError(f"{table.source}: knobs of {key} must be a JSON object, got {str(raw)[:80]!r}")
-        return dict(out)
+        return parse_knobs(row["knobs"], f"{table.source}: knobs of {key}")
     return {}
+
+
+def parse_knobs(raw: Any, where: str, *, error: type[SaturnError] = ProfileError) -> dict[str, Any]:
+    """A ``knobs`` value (empty, a mapping or a JSON object) as a dict; anything else is ``error``
+    naming ``where``. The one parser of knob settings, wherever a table's rows come from.
+
+    Example:
+        >>> parse_knobs('{"bucket_cap_mb": 50}', "row 1"), parse_knobs(None, "row 1")
+        ({'bucket_cap_mb': 50}, {})
+    """
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    try:
+        out = json.loads(raw)
+    except (TypeError, ValueError):
+        raise error(f"{where} are not JSON: {str(raw)[:80]!r}; give a JSON object (or a dict)") from None
+    if not isinstance(out, Mapping):
+        raise error(f"{where} must be a JSON object (or a dict), got {str(raw)[:80]!r}")
+    return dict(out)
 
 
 @dataclass
