@@ -138,15 +138,29 @@ SIM_FLAGS = st.lists(
 )
 
 
+FIXED_PROFILE = "task,strategy,gpus,step_time_s,steps\n" + "".join(
+    f"t{i},ddp,{g},{2.0 / g:.3f},{50 + 10 * i}\n" for i in range(4) for g in (1, 2)
+)
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(flags=SIM_FLAGS)
-def test_simulate_fuzz(flags):
+@given(flags=SIM_FLAGS, data=st.data())
+def test_simulate_fuzz(flags, data):
+    # The fixed profile with fuzzed flags, or drawn profile rows (step times 1e-4..1e3 s, up to 1e6
+    # steps), valid or with one junk cell, with the default flags.
+    mode = data.draw(st.sampled_from(["fixed", "fixed", "rows", "cell"]))
     with tempfile.TemporaryDirectory() as tmp:
         profile_path = Path(tmp) / "profile.csv"
-        profile_path.write_text(
-            "task,strategy,gpus,step_time_s,steps\n"
-            + "".join(f"t{i},ddp,{g},{2.0 / g:.3f},{50 + 10 * i}\n" for i in range(4) for g in (1, 2))
-        )
+        if mode == "fixed":
+            profile_path.write_text(FIXED_PROFILE)
+        else:
+            flags = []
+            rows = data.draw(valid_rows(2))
+            if mode == "cell":
+                r, c = data.draw(st.integers(0, len(rows) - 1)), data.draw(st.integers(0, len(COLUMNS) - 1))
+                rows[r][c] = data.draw(JUNK_NAME if c < 2 else JUNK_NUMBER)
+            with profile_path.open("w", newline="") as f:
+                csv.writer(f).writerows([COLUMNS, *rows])
         argv = ["simulate", str(profile_path), "--nodes", "2", "--gpus-per-node", "2", "--json",
                 "--policies", "fifo-whole-node,saturn-static", "--solver-time-limit", "0.1"]
         for flag, value in flags:
