@@ -45,19 +45,26 @@ def submit_and_wait(address: str, env: dict, workdir: Path, entrypoint: list[str
     ray = str(BIN / "ray")
     # The job API answers before its job agent is up on a loaded machine; Ray then asks to try again later.
     t0 = time.monotonic()
+    timed_out = False
     while True:
-        submit = subprocess.run(
-            [ray, "job", "submit", f"--address={address}", f"--submission-id={job_id}", "--no-wait",
-             "--working-dir", ".", "--", *entrypoint],
-            cwd=workdir, env=env, capture_output=True, text=True, timeout=120,
-        )
-        waiting = "No available agent to submit job" in submit.stdout + submit.stderr
-        if submit.returncode == 0 or not waiting or time.monotonic() - t0 > READY_BUDGET_S:
+        try:
+            submit = subprocess.run(
+                [ray, "job", "submit", f"--address={address}", f"--submission-id={job_id}", "--no-wait",
+                 "--working-dir", ".", "--", *entrypoint],
+                cwd=workdir, env=env, capture_output=True, text=True, timeout=120,
+            )
+            answer, ok = submit.stdout + submit.stderr, submit.returncode == 0
+            # A submit that timed out may have gone through: its retry finds the job there.
+            ok = ok or (timed_out and "already exists" in answer)
+            waiting = "No available agent to submit job" in answer
+        except subprocess.TimeoutExpired:
+            answer, ok, waiting, timed_out = "`ray job submit` did not answer within 120 s", False, True, True
+        if ok or not waiting or time.monotonic() - t0 > READY_BUDGET_S:
             break
         time.sleep(3)
-    assert submit.returncode == 0, (
+    assert ok, (
         f"`ray job submit` failed after waiting {time.monotonic() - t0:.0f} s for the job agent "
-        f"(budget {READY_BUDGET_S:.0f} s): {submit.stdout + submit.stderr}"
+        f"(budget {READY_BUDGET_S:.0f} s): {answer}"
     )
     status = ""
     deadline = time.monotonic() + timeout_s
