@@ -32,7 +32,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from typing import Any
 
 from ray_saturn.errors import SaturnError
 from ray_saturn.profile_table import Config, ProfileTable
+from ray_saturn.profiler.profiler import parse_knobs
 
 __all__ = ["TrialRejected", "TrialRow", "TrialRows", "profile_rows", "trial_rows"]
 
@@ -125,21 +125,6 @@ def _as_mappings(raw: Any) -> list[Mapping[str, Any]]:
     return out
 
 
-def _knobs(value: Any, where: str) -> dict[str, Any]:
-    if value is None or value == "":
-        return {}
-    if isinstance(value, Mapping):
-        return dict(value)
-    if isinstance(value, str):
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            parsed = None
-        if isinstance(parsed, dict):
-            return parsed
-    raise TrialRejected(f"{where}: knobs is {value!r}; give a dict or a JSON object")
-
-
 def trial_rows(raw: Any, *, max_gpus_per_node: int, registered: Collection[str] | None = None) -> TrialRows:
     """Check an estimate's rows for one trial (see the module docstring); raises :class:`TrialRejected`.
 
@@ -196,7 +181,8 @@ def trial_rows(raw: Any, *, max_gpus_per_node: int, registered: Collection[str] 
         if (strategy, gpus) in seen:
             raise TrialRejected(f"{where}: a second row for {label}; keep one row per configuration")
         seen.add((strategy, gpus))
-        rows.append(TrialRow(strategy, gpus, step_time, _knobs(r.get("knobs"), where)))
+        knobs = parse_knobs(r.get("knobs"), f"{where}: knobs", error=TrialRejected)
+        rows.append(TrialRow(strategy, gpus, step_time, knobs))
     if len(steps_seen) > 1:
         raise TrialRejected(f"the estimate's rows disagree on steps ({sorted(steps_seen)}); give the trial's total")
     if not rows:
