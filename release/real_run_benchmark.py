@@ -5,11 +5,13 @@ Every run trains the same 8 tasks for real with ``ray_saturn.run``
 (one logical GPU per core on a machine without a GPU,
 :mod:`ray_saturn.runtime.local`), from the same profile, under one policy:
 ``saturn-replan``, ``fifo-max-gpus`` (every task on the most GPUs it can
-use, first come first served) and ``fifo-whole-node`` (literally one whole
-node per task). GPT-style models and CNNs of different sizes and lengths
-(each trains for 60-70 s here: on one logical GPU, the wide GPT on two), one of them a wide GPT
-whose model and Adam state exceed the memory budget per GPU, so it must be
-sharded (``fsdp``).
+use, first come first served), ``fifo-whole-node`` (literally one whole
+node per task) and ``fifo-min-gpus`` (every task on its fewest GPUs, as a
+fixed per-trial resource in Tune; often the strongest baseline here).
+GPT-style models and CNNs of different sizes and lengths (each trains for
+30-70 s here: on one logical GPU, the wide GPT on two), one of them a wide
+GPT whose model and Adam state exceed the memory budget per GPU, so it must
+be sharded (``fsdp``).
 
 One policy per invocation (saturn-replan about 7-8 minutes on 2 cores, each baseline about 10), then a
 table; every step writes JSON under ``--out``:
@@ -18,6 +20,7 @@ table; every step writes JSON under ``--out``:
     PYTHONPATH=. python release/real_run_benchmark.py run --policy saturn-replan --out /tmp/rrb
     PYTHONPATH=. python release/real_run_benchmark.py run --policy fifo-max-gpus --out /tmp/rrb
     PYTHONPATH=. python release/real_run_benchmark.py run --policy fifo-whole-node --out /tmp/rrb
+    PYTHONPATH=. python release/real_run_benchmark.py run --policy fifo-min-gpus --out /tmp/rrb
     PYTHONPATH=. python release/real_run_benchmark.py table --out /tmp/rrb
 
 ``profile`` measures the workload (step times, memory, start-up and
@@ -48,8 +51,8 @@ from ray_saturn.workloads.vision import cnn_task
 STRATEGIES = ("single", "ddp", "fsdp")
 #: Memory budget per (logical) GPU, GB: the wide GPT exceeds it unsharded.
 MEMORY_GB = 0.04
-POLICIES = ("saturn-replan", "fifo-max-gpus", "fifo-whole-node")
-PLANNED_ONLY = ("saturn", "fifo-min-gpus", "optimus-greedy")
+POLICIES = ("saturn-replan", "fifo-max-gpus", "fifo-whole-node", "fifo-min-gpus")
+PLANNED_ONLY = ("saturn", "optimus-greedy")
 
 
 def workload(scale: float = 1.0) -> list[Task]:
@@ -190,10 +193,9 @@ def cmd_table(args) -> int:
         profile = ProfileTable.read(out / "profile.parquet")
         model = gpu_node_profile(profile, gpus=args.gpu_node)
         cluster = ClusterSpec.uniform(1, args.gpu_node)
-        sims = compare(model, cluster, ["saturn-replan", "fifo-max-gpus", "fifo-whole-node"],
-                       SimConfig(noise=0.1, seed=0, solver_time_limit_s=5.0))
+        sims = compare(model, cluster, list(POLICIES), SimConfig(noise=0.1, seed=0, solver_time_limit_s=5.0))
         m = {p: r.makespan_s for p, r in sims.items()}
-        best = min(m["fifo-max-gpus"], m["fifo-whole-node"])
+        best = min(v for p, v in m.items() if p != "saturn-replan")
         print(f"\nmodel: {model.source} (Pollux traces, start-up as measured here; simulated, 10% noise): "
               + ", ".join(f"{p} {v / 3600:.2f} h" for p, v in m.items())
               + f"; saturn-replan / better baseline {m['saturn-replan'] / best:.3f}")

@@ -16,8 +16,9 @@ from ray_head import local_ray
 import ray_saturn
 from ray_saturn import ClusterSpec, ProfileError, ProfileTable
 from ray_saturn.profiler import Profiler, knobs_for, parse_knobs
+from ray_saturn.profiler.profiler import STEP_FACTOR_RANGE, _calibrations, _sane_factor
 from ray_saturn.profiler.segment import measure_segment_costs
-from ray_saturn.profiler.store import ProfileStore, StoredTrial
+from ray_saturn.profiler.store import ProfileStore, StoredStartup, StoredTrial
 from ray_saturn.strategies import WorkerContext
 from ray_saturn.toy import mlp_task
 
@@ -34,11 +35,11 @@ def test_store_keeps_segment_costs_and_start_up_probes_and_reads_older_stores(tm
     path = tmp_path / "store.parquet"
     store = ProfileStore(path)
     store.put(StoredTrial("sig", "ddp", 2, 1, 0.5, True, 1.0, None, "{}", 3.0, 1.5, 0.2, 0.3))
-    store.put_startup("cpu", 2, 1, 17.5, 1.0)
+    store.put_startup("cpu", 2, 1, 17.5, 1.0, step_factor=1.25)
     store.flush()
     again = ProfileStore(path)
     assert again.get("sig", "ddp", 2, 1).checkpoint_load_s == 0.3
-    assert again.startup("cpu", 2, 1) == (17.5, 1.0) and again.startup("cpu", 1, 1) is None
+    assert again.startup("cpu", 2, 1) == StoredStartup(17.5, 1.0, 1.25) and again.startup("cpu", 1, 1) is None
     # A store written before the cost columns existed still reads (costs unknown).
     old = pq.read_table(path).drop_columns(["setup_s", "checkpoint_save_s", "checkpoint_load_s"])
     pq.write_table(old, path)
@@ -47,12 +48,14 @@ def test_store_keeps_segment_costs_and_start_up_probes_and_reads_older_stores(tm
     store.put_startup("cpu", 1, 1, 25.0, 1.5, side_by_side=2)
     store.flush()
     again = ProfileStore(path)
-    assert again.startup("cpu", 1, 1, 2) == (25.0, 1.5) and again.startup("cpu", 1, 1) is None
+    assert again.startup("cpu", 1, 1, 2) == StoredStartup(25.0, 1.5) and again.startup("cpu", 1, 1) is None
     rows = json.loads(Path(again.startup_path).read_text())
     assert {r["side_by_side"] for r in rows} == {1, 2}
-    Path(again.startup_path).write_text(json.dumps([{k: v for k, v in r.items() if k != "side_by_side"}
+    # A file written before probes ran side by side reads as 1; one before they calibrated, without a factor.
+    Path(again.startup_path).write_text(json.dumps([{k: v for k, v in r.items() if k not in ("side_by_side",
+                                                                                              "step_factor")}
                                                     for r in rows if r["gpus"] == 2]))
-    assert ProfileStore(path).startup("cpu", 2, 1) == (17.5, 1.0)
+    assert ProfileStore(path).startup("cpu", 2, 1) == StoredStartup(17.5, 1.0, None)
     Path(again.startup_path).write_text("not json")
     with pytest.raises(ProfileError, match="start-up store"):
         ProfileStore(path)
@@ -71,6 +74,27 @@ def test_start_up_probe_runs_as_many_trainers_side_by_side_as_the_run_starts():
     for bad in (0, 1.5, True):
         with pytest.raises(ray_saturn.SpecError, match="startup_side_by_side"):
             Profiler(two, startup_side_by_side=bad)
+
+
+def test_the_probe_calibrates_each_gpu_count_on_its_median_trial():
+    tasks = [mlp_task("a"), mlp_task("b", width=48)]
+    sigs = {"a": "sa", "b": "sb"}
+    trials = [
+        StoredTrial("sa", "single", 1, 1, 0.010, True, None, None, "{}", 1.0),
+        StoredTrial("sb", "single", 1, 1, 0.100, True, None, None, "{}", 1.0),
+        StoredTrial("sa", "ddp", 1, 1, 0.050, True, None, None, '{"bucket_cap_mb": 5}', 1.0),
+        StoredTrial("sa", "ddp", 2, 1, 0.004, True, None, None, "{}", 1.0),
+        StoredTrial("sb", "fsdp", 2, 1, None, False, None, "out of memory", "{}", 1.0),
+    ]
+    cal = _calibrations(tasks, sigs, {t.key: t for t in trials})
+    assert set(cal) == {(1, 1), (2, 1)}  # only GPU counts with a feasible trial
+    one, two = cal[(1, 1)], cal[(2, 1)]
+    # The median of three by step time; its task, knobs and about 2 s of steps (3 to 50).
+    assert (one.task.name, one.strategy, one.knobs, one.trial_step_s, one.steps) == ("a", "ddp", {"bucket_cap_mb": 5},
+                                                                                     0.05, 40)
+    assert (two.strategy, two.steps) == ("ddp", 50)
+    low, high = STEP_FACTOR_RANGE
+    assert _sane_factor(1.4, 1, 1) == 1.4 and _sane_factor(100.0, 1, 1) == high and _sane_factor(0.01, 1, 1) == low
 
 
 def test_knobs_for_is_the_one_reader_of_the_knobs_column():
@@ -99,6 +123,10 @@ def test_profile_has_start_up_and_checkpoint_columns(tmp_path):
         # Ray Train's start (seconds on any machine) plus the model's set-up; a save and a load.
         assert row.startup_s > 1.0 and row.checkpoint_save_s > 0 and row.checkpoint_load_s > 0
         assert row.runtime_s == pytest.approx(row.startup_s + row.steps * row.step_time_s)
+        # Step times as a segment steps: the trial's times the probe's step factor.
+        cols = table.to_arrow().to_pylist()[0]
+        assert 0.5 <= cols["step_factor"] <= 3.0
+        assert row.step_time_s == pytest.approx(cols["trial_step_time_s"] * cols["step_factor"])
         # The probe is kept in the store: a second profile of another task skips it.
         t0 = time.monotonic()
         again = Profiler(ClusterSpec.from_ray(), **kw).run([mlp_task("n", width=48)]).table

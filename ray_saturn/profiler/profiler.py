@@ -55,7 +55,8 @@ from ray_saturn.limits import number, whole
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.profiler.ladder import LadderWalk, gpu_ladder
 from ray_saturn.profiler.pool import TrialPool
-from ray_saturn.profiler.store import ProfileStore
+from ray_saturn.profiler.segment import Calibration
+from ray_saturn.profiler.store import ProfileStore, StoredStartup, StoredTrial
 from ray_saturn.spec import ClusterSpec, Task, check_unique_names
 from ray_saturn.strategies.registry import get_strategy, strategy_names
 
@@ -65,6 +66,40 @@ log = logging.getLogger(__name__)
 
 #: The most trainers the start-up probe starts at once (a GPU node's worth of one-GPU segments).
 MAX_SIDE_BY_SIDE = 8
+#: Seconds of steps the start-up probe's trainers train to compare a segment's step time with the trial's.
+CALIBRATION_S = 2.0
+#: Step factors outside this range are taken for a measuring accident (logged, clamped).
+STEP_FACTOR_RANGE = (0.5, 3.0)
+
+
+def _calibrations(
+    tasks: Sequence[Task], sigs: Mapping[str, str], measured: Mapping[tuple[str, str, int, int], StoredTrial]
+) -> dict[tuple[int, int], Calibration]:
+    """Per (gpus, nodes) of the feasible trials: the configuration the start-up probe trains, the one
+    with the median step time (about :data:`CALIBRATION_S` of its steps, 3 to 50)."""
+    by_sig = {}
+    for task in tasks:
+        by_sig.setdefault(sigs[task.name], task)
+    shapes: dict[tuple[int, int], list[StoredTrial]] = {}
+    for t in measured.values():
+        if t.feasible and t.step_time_s and t.step_time_s > 0 and t.signature in by_sig:
+            shapes.setdefault((t.gpus, t.nodes), []).append(t)
+    out = {}
+    for shape, trials in shapes.items():
+        t = sorted(trials, key=lambda x: (x.step_time_s, x.signature, x.strategy))[len(trials) // 2]
+        steps = max(3, min(50, math.ceil(CALIBRATION_S / t.step_time_s)))
+        knobs = parse_knobs(t.knobs, f"the knobs of {t.strategy} on {t.gpus} GPU(s)")
+        out[shape] = Calibration(by_sig[t.signature], t.strategy, knobs, steps, t.step_time_s)
+    return out
+
+
+def _sane_factor(factor: float, gpus: int, nodes: int) -> float:
+    low, high = STEP_FACTOR_RANGE
+    if low <= factor <= high:
+        return factor
+    log.warning("a segment on %d GPU(s) over %d node(s) stepped %.2fx its trial's time; taken as %.2fx",
+                gpus, nodes, factor, min(high, max(low, factor)))
+    return min(high, max(low, factor))
 
 
 def knobs_for(table: ProfileTable, task: str, strategy: str, gpus: int, nodes: int = 1) -> dict[str, Any]:
@@ -278,10 +313,10 @@ class Profiler:
             self.warm_workers,
         )
         outcome = pool.run(list(chains.values()), cluster)
-        startup: dict[tuple[int, int], float] | None = None
+        startup: dict[tuple[int, int], StoredStartup] | None = None
         if self.segment_costs:
-            shapes = {(t.gpus, t.nodes) for t in outcome.measured.values() if t.feasible}
-            startup = self._trainer_startup(hardware, sorted(shapes), cluster, len(tasks))
+            calibrations = _calibrations(tasks, sigs, outcome.measured)
+            startup = self._trainer_startup(hardware, calibrations, cluster, len(tasks))
         self.store.flush()
         table = self._table(tasks, sigs, outcome.measured, outcome.cached, startup)
         result = ProfileResult(
@@ -298,28 +333,29 @@ class Profiler:
         return result
 
     def _trainer_startup(
-        self, hardware: str, shapes: list[tuple[int, int]], cluster: ClusterSpec, tasks: int
-    ) -> dict[tuple[int, int], float]:
-        """Trainer start (``fit()`` to the loop) per (gpus, nodes), with as many trainers started side by
-        side as :meth:`side_by_side` says: from the store, else probed now."""
+        self, hardware: str, calibrations: dict[tuple[int, int], Calibration], cluster: ClusterSpec, tasks: int
+    ) -> dict[tuple[int, int], StoredStartup]:
+        """Per (gpus, nodes): trainer start (``fit()`` to the loop) and step factor, with as many trainers
+        started side by side as :meth:`side_by_side` says: from the store, else probed now."""
         from ray_saturn.profiler.segment import probe_trainer_startup
 
         out = {}
-        for g, n in shapes:
+        for (g, n), cal in sorted(calibrations.items(), key=lambda kv: kv[0]):
             k = self.side_by_side(cluster, g, tasks)
             known = self.store.startup(hardware, g, n, k)
-            if known is None:
+            if known is None or known.step_factor is None:
                 try:
-                    probe = probe_trainer_startup(g, n, side_by_side=k)
+                    probe = probe_trainer_startup(g, n, side_by_side=k, calibrate=cal)
                 except Exception as exc:
                     raise ProfileError(
                         f"the trainer start-up probe on {g} GPU(s) failed ({type(exc).__name__}: "
                         f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}); "
                         "profile with segment_costs=False to leave start-up out of the plan"
                     ) from None
-                self.store.put_startup(hardware, g, n, probe.start_s, probe.stop_s, k)
-                known = (probe.start_s, probe.stop_s)
-            out[(g, n)] = known[0]
+                factor = _sane_factor(probe.step_factor, g, n)
+                self.store.put_startup(hardware, g, n, probe.start_s, probe.stop_s, k, factor)
+                known = StoredStartup(probe.start_s, probe.stop_s, factor)
+            out[(g, n)] = known
         return out
 
     # ------------------------------------------------------------------ output
@@ -334,6 +370,11 @@ class Profiler:
             for t in found:
                 # A run's step also draws its batch: the data factory's time per batch counts.
                 step = None if not t.feasible or t.step_time_s is None else t.step_time_s + (t.data_s or 0.0)
+                probe = startup.get((t.gpus, t.nodes)) if startup is not None else None
+                factor = probe.step_factor if probe is not None and probe.step_factor is not None else 1.0
+                trial_step = step
+                if step is not None:
+                    step *= factor  # as fast as a segment steps, not as fast as the trial did
                 row = {
                     "task": task.name,
                     "strategy": t.strategy,
@@ -352,8 +393,10 @@ class Profiler:
                 }
                 if startup is not None:
                     # The cold first step is one of the task's steps: only what comes before it is start-up.
-                    setup = max(0.0, (t.setup_s or 0.0) - (step or 0.0)) if t.feasible else 0.0
-                    row["startup_s"] = startup.get((t.gpus, t.nodes), 0.0) + setup
+                    setup = max(0.0, (t.setup_s or 0.0) - (trial_step or 0.0)) if t.feasible else 0.0
+                    row["startup_s"] = (probe.start_s if probe is not None else 0.0) + setup
+                    row["trial_step_time_s"] = trial_step
+                    row["step_factor"] = factor
                     row["checkpoint_save_s"] = t.checkpoint_save_s if t.checkpoint_save_s is not None else save
                     row["checkpoint_load_s"] = t.checkpoint_load_s if t.checkpoint_load_s is not None else load
                 rows.append(row)

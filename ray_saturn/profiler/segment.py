@@ -27,7 +27,12 @@ can include them (profile columns ``startup_s``, ``checkpoint_save_s``,
   profiler probes with as many side by side as the cluster fits (see
   :meth:`ray_saturn.profiler.Profiler.run`). It depends on the cluster, not
   on the task, so the profiler runs it once per (GPU count, side by side)
-  and hardware and keeps it in its store.
+  and hardware and keeps it in its store. Given a :class:`Calibration` (a
+  measured configuration of that GPU count), every trainer also trains it
+  for a few seconds and the probe reports ``step_factor``: the trainers'
+  step time over the trial's. A segment steps beside Ray Train's controller
+  and helper actors and the other segments, a trial in a bare warm worker;
+  the profile's step times are the trials' times this factor.
 
 A configuration's ``startup_s`` = trainer start (per GPU count) + its setup.
 
@@ -48,7 +53,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SegmentCosts", "TrainerStartup", "measure_segment_costs", "probe_trainer_startup"]
+__all__ = ["Calibration", "SegmentCosts", "TrainerStartup", "measure_segment_costs", "probe_trainer_startup"]
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +75,26 @@ class SegmentCosts:
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """A configuration the start-up probe trains inside its trainers: ``task`` on ``strategy`` with
+    ``knobs``, ``steps`` timed steps after one untimed; ``trial_step_s``: its step time in the
+    profiling trial, what the trainers' step time is compared with."""
+
+    task: Any
+    strategy: str
+    knobs: Mapping[str, Any]
+    steps: int
+    trial_step_s: float
+
+
+@dataclass(frozen=True)
 class TrainerStartup:
     """TorchTrainers of ``gpus`` workers on ``nodes`` nodes, ``side_by_side`` started at once:
-    ``fit()`` to the loop and loop to return (s), the mean over them; ``slowest_s`` the slowest start."""
+    ``fit()`` to the loop and loop to return (s), the mean over them; ``slowest_s`` the slowest start.
+
+    ``step_factor``: with a :class:`Calibration`, its step time inside the trainers (the mean over
+    them) over its step time in the profiling trial; 1.0 without one.
+    """
 
     gpus: int
     nodes: int
@@ -80,6 +102,7 @@ class TrainerStartup:
     stop_s: float
     side_by_side: int = 1
     slowest_s: float = 0.0
+    step_factor: float = 1.0
 
 
 def _max_over_workers(values: list[float], ctx: Any) -> list[float]:
@@ -164,13 +187,29 @@ def measure_segment_costs(
 
 
 def _probe_loop(config: dict[str, Any]) -> None:
-    """The loop of the start-up probe: stamp the time on rank 0 and return."""
+    """The loop of the start-up probe: stamp the time on rank 0; train the calibration's steps, if
+    any (every rank), and stamp their step time and the loop's end; return."""
     import ray
     import ray.train
     import torch  # noqa: F401  (a real segment's loop imports it first)
 
-    if ray.train.get_context().get_world_rank() == 0:
-        ray.get(config["stamp"].mark.remote(time.time()))
+    rank0 = ray.train.get_context().get_world_rank() == 0
+    stamp = config["stamp"]
+    if rank0:
+        ray.get(stamp.mark.remote(time.time()))
+    cal: Calibration | None = config.get("calibrate")
+    if cal is not None:
+        from ray_saturn.strategies import WorkerContext, get_strategy
+        from ray_saturn.strategies.measure import measure_knobs
+
+        strat = get_strategy(cal.strategy)
+        step_s, _ = measure_knobs(
+            strat, cal.task, strat.check_knobs(dict(cal.knobs)), WorkerContext.current(), warmup=1, steps=cal.steps
+        )
+        if rank0:
+            ray.get(stamp.step.remote(step_s))
+    if rank0:
+        ray.get(stamp.done.remote(time.time()))
 
 
 def _stamp_cls():
@@ -180,12 +219,20 @@ def _stamp_cls():
     class _Stamp:
         def __init__(self) -> None:
             self.t: float | None = None
+            self.end: float | None = None
+            self.step_s: float | None = None
 
         def mark(self, t: float) -> None:
             self.t = t
 
-        def get(self) -> float | None:
-            return self.t
+        def step(self, step_s: float) -> None:
+            self.step_s = step_s
+
+        def done(self, t: float) -> None:
+            self.end = t
+
+        def get(self) -> tuple[float | None, float | None, float | None]:
+            return self.t, self.end, self.step_s
 
     return _Stamp
 
@@ -204,10 +251,16 @@ def _cluster_backend() -> str:
 
 
 def probe_trainer_startup(
-    gpus: int, nodes: int = 1, *, backend: str | None = None, side_by_side: int = 1
+    gpus: int,
+    nodes: int = 1,
+    *,
+    backend: str | None = None,
+    side_by_side: int = 1,
+    calibrate: Calibration | None = None,
 ) -> TrainerStartup:
     """Start ``side_by_side`` TorchTrainers of ``gpus`` workers (``nodes`` nodes) at once, each in a
-    thread as the launcher does, whose loops return at once; time them (the mean over them)."""
+    thread as the launcher does, whose loops return at once (after training ``calibrate``'s steps,
+    if given); time them (the mean over them)."""
     import threading
 
     import ray
@@ -236,7 +289,7 @@ def probe_trainer_startup(
         trainers = [
             TorchTrainer(
                 _probe_loop,
-                train_loop_config={"stamp": stamps[i]},
+                train_loop_config={"stamp": stamps[i], "calibrate": calibrate},
                 torch_config=TorchConfig(backend=backend),
                 scaling_config=ScalingConfig(
                     num_workers=gpus,
@@ -264,13 +317,22 @@ def probe_trainer_startup(
         for s in stamps:
             ray.kill(s)
         shutil.rmtree(folder, ignore_errors=True)
-    if any(f is None for f in firsts):
+    if any(f[0] is None or f[1] is None for f in firsts):
         raise RuntimeError(f"a start-up probe on {gpus} GPU(s) never reached its loop")
-    starts = [max(0.0, f - t[0]) for f, t in zip(firsts, times, strict=True)]
-    stops = [max(0.0, t[1] - f) for f, t in zip(firsts, times, strict=True)]
-    out = TrainerStartup(gpus, nodes, sum(starts) / len(starts), sum(stops) / len(stops), side_by_side, max(starts))
+    starts = [max(0.0, f[0] - t[0]) for f, t in zip(firsts, times, strict=True)]
+    stops = [max(0.0, t[1] - f[1]) for f, t in zip(firsts, times, strict=True)]
+    factor = 1.0
+    if calibrate is not None:
+        steps = [f[2] for f in firsts if f[2] is not None]
+        if len(steps) != len(firsts) or not calibrate.trial_step_s > 0:
+            raise RuntimeError(f"the start-up probe on {gpus} GPU(s) did not time its calibration steps")
+        factor = (sum(steps) / len(steps)) / calibrate.trial_step_s
+    out = TrainerStartup(
+        gpus, nodes, sum(starts) / len(starts), sum(stops) / len(stops), side_by_side, max(starts), factor
+    )
     log.info(
-        "trainer start-up on %d GPU(s), %d side by side: %.1f s to the loop (slowest %.1f s), %.1f s to stop",
-        gpus, side_by_side, out.start_s, out.slowest_s, out.stop_s,
+        "trainer start-up on %d GPU(s), %d side by side: %.1f s to the loop (slowest %.1f s), %.1f s to stop; "
+        "steps %.2fx the trial's",
+        gpus, side_by_side, out.start_s, out.slowest_s, out.stop_s, out.step_factor,
     )
     return out

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from ray_saturn.errors import ProfileError
 
-__all__ = ["ProfileStore", "StoredTrial"]
+__all__ = ["ProfileStore", "StoredStartup", "StoredTrial"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,16 @@ _SCHEMA = pa.schema(
 _OPTIONAL = ("setup_s", "checkpoint_save_s", "checkpoint_load_s", "data_s")
 
 
+@dataclass(frozen=True)
+class StoredStartup:
+    """A kept trainer start-up probe: ``fit()`` to the loop and loop to return (s), and the step
+    factor of its calibration (``None``: probed before probes calibrated step times)."""
+
+    start_s: float
+    stop_s: float
+    step_factor: float | None = None
+
+
 class ProfileStore:
     """A Parquet-backed cache of measured trials (``path=None``: in memory only)."""
 
@@ -94,15 +104,15 @@ class ProfileStore:
             for row in table.select(names).to_pylist():
                 trial = StoredTrial(**row)
                 self._rows[trial.key] = trial
-        self._startup: dict[tuple[str, int, int, int], tuple[float, float]] = {}
+        self._startup: dict[tuple[str, int, int, int], StoredStartup] = {}
         spath = self.startup_path
         if spath is not None and spath.exists():
             try:
                 for r in json.loads(spath.read_text()):
                     key = (str(r["hardware"]), int(r["gpus"]), int(r["nodes"]), int(r.get("side_by_side", 1)))
-                    self._startup[key] = (
-                        float(r["start_s"]),
-                        float(r["stop_s"]),
+                    factor = r.get("step_factor")
+                    self._startup[key] = StoredStartup(
+                        float(r["start_s"]), float(r["stop_s"]), None if factor is None else float(factor)
                     )
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 raise ProfileError(f"{spath}: not a readable start-up store ({exc}); delete it") from None
@@ -112,15 +122,24 @@ class ProfileStore:
         """Where the trainer start-up probes are kept: beside the store (JSON)."""
         return None if self.path is None else self.path.with_name(self.path.stem + ".startup.json")
 
-    def startup(self, hardware: str, gpus: int, nodes: int, side_by_side: int = 1) -> tuple[float, float] | None:
-        """A trainer start-up probe on this hardware with ``side_by_side`` trainers started at once:
-        (start_s, stop_s), or ``None`` (a store written before probes ran side by side holds 1s)."""
+    def startup(self, hardware: str, gpus: int, nodes: int, side_by_side: int = 1) -> StoredStartup | None:
+        """A trainer start-up probe on this hardware with ``side_by_side`` trainers started at once,
+        or ``None`` (a store written before probes ran side by side holds 1s)."""
         return self._startup.get((hardware, gpus, nodes, side_by_side))
 
     def put_startup(
-        self, hardware: str, gpus: int, nodes: int, start_s: float, stop_s: float, side_by_side: int = 1
+        self,
+        hardware: str,
+        gpus: int,
+        nodes: int,
+        start_s: float,
+        stop_s: float,
+        side_by_side: int = 1,
+        step_factor: float | None = None,
     ) -> None:
-        self._startup[(hardware, gpus, nodes, side_by_side)] = (float(start_s), float(stop_s))
+        self._startup[(hardware, gpus, nodes, side_by_side)] = StoredStartup(
+            float(start_s), float(stop_s), None if step_factor is None else float(step_factor)
+        )
 
     def get(self, signature: str, strategy: str, gpus: int, nodes: int) -> StoredTrial | None:
         return self._rows.get((signature, strategy, gpus, nodes))
@@ -144,8 +163,9 @@ class ProfileStore:
         os.replace(tmp, self.path)
         if self._startup and self.startup_path is not None:
             rows = [
-                {"hardware": h, "gpus": g, "nodes": n, "side_by_side": k, "start_s": a, "stop_s": b}
-                for (h, g, n, k), (a, b) in sorted(self._startup.items())
+                {"hardware": h, "gpus": g, "nodes": n, "side_by_side": k, "start_s": p.start_s, "stop_s": p.stop_s,
+                 "step_factor": p.step_factor}
+                for (h, g, n, k), p in sorted(self._startup.items())
             ]
             tmp = self.startup_path.with_name(self.startup_path.name + ".tmp")
             tmp.write_text(json.dumps(rows, indent=1))
