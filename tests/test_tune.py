@@ -280,6 +280,31 @@ def test_move_when_gain_beats_measured_restart_and_only_after_tune_paused(
     assert s.controller.state("a").steps_done == 40
 
 
+def test_restart_cost_is_measured_on_launches_no_other_launch_overlapped(fake_tune, inline_background):
+    """A move restarts one trial: a search's mass start (every trial of the first plan at once, slow on a
+    busy machine) is its cost only until a launch that had the cluster to itself was measured."""
+    clock = Clock()
+    s = SaturnScheduler(scaling, cluster=ClusterSpec.uniform(1, 4), restart_s=1.0, clock=clock)
+    tune = fake_tune(s)
+    tune.add("a", {"steps": 100}), tune.add("b", {"steps": 100})
+    assert sorted(tune.step()) == ["a", "b"]  # released together
+    clock.t = 50.0  # first results 40 s after the launch, less the 20 steps they trained
+    assert tune.result("a", 20, 0.5) == "CONTINUE" and tune.result("b", 20, 0.5) == "CONTINUE"
+    assert s.stats().restart_s == pytest.approx(40.0)  # no launch alone yet: every launch counts
+    tune.complete("b")
+    tune.add("c", {"steps": 100})
+    for _ in range(6):
+        if "c" in tune.step():
+            break
+        clock.t += 0.5
+    else:
+        raise AssertionError("c was never launched on the GPUs b gave back")
+    clock.t += 3.0 + 20 * 0.5
+    assert tune.result("c", 20, 0.5) == "CONTINUE"
+    assert sorted(s.stats().launch_latencies_s) == pytest.approx([3.0, 40.0, 40.0])
+    assert s.stats().restart_s == pytest.approx(3.0)  # the launch alone, not the median of all (40 s)
+
+
 def wider_later(config):
     # "long" beside "short" (1000 s) beats "short" then "long" on all 4 GPUs (200 + 810 s) ...
     if config["kind"] == "long":

@@ -157,6 +157,8 @@ class _TrialState:
     steps_done: int = 0
     released_at: float | None = None
     steps_at_release: int = 0
+    #: other trials whose launch overlapped this one's (released, no result yet)
+    launch_crowd: int = 0
     pause_at: float | None = None
     warned_steps: bool = False
     paused_by_base: bool = False
@@ -191,7 +193,8 @@ class SaturnScheduler(TrialScheduler):
             of the best makespan); see :mod:`ray_saturn.solver.objective`.
         restart_s: seconds a move costs until measured; from the first
             measurement on, the median measured restart (pause, actor start,
-            checkpoint restore) is used.
+            checkpoint restore) is used: of the launches no other launch
+            overlapped (a move restarts one trial), else of every launch.
         measure_restart: ``False`` keeps ``restart_s`` as the cost of every
             move (when you know it better than a few launches on a busy
             cluster can tell); the launches are still measured and reported
@@ -272,6 +275,7 @@ class SaturnScheduler(TrialScheduler):
         self._node_ids: dict[str, str] = {}
         self._reuse_checked = False
         self._latencies: list[float] = []
+        self._alone_latencies: list[float] = []  # launches no other launch overlapped: what a move costs
         self._stop_costs: list[float] = []
         self._hook_ms: dict[str, float] = {}
         self._setup_ms = 0.0
@@ -395,7 +399,10 @@ class SaturnScheduler(TrialScheduler):
             step = int(step)
             if st.released_at is not None and step_time:
                 # Launch to first result, less the steps it trained: the start-up a (re)launch costs.
-                self._latencies.append(max(0.0, now - st.released_at - (step - st.steps_at_release) * step_time))
+                latency = max(0.0, now - st.released_at - (step - st.steps_at_release) * step_time)
+                self._latencies.append(latency)
+                if st.launch_crowd == 0:
+                    self._alone_latencies.append(latency)
                 st.released_at = None
                 self._update_restart_cost()
             st.steps_done = step
@@ -576,6 +583,7 @@ class SaturnScheduler(TrialScheduler):
                 # The base scheduler paused it: its GPUs are free, and it waits in the queue to be planned again.
                 st.paused_by_base = False
                 self._give_back(tid, "paused", now)
+                st.released_at = None
                 st.phase = "held"
                 self._ended.append((tid, False, f"paused by {type(self._base).__name__}", True))
                 continue
@@ -584,6 +592,7 @@ class SaturnScheduler(TrialScheduler):
                     self._stop_costs.append(now - st.pause_at)
                     st.pause_at = None
                 self._give_back(tid, "moved", now)
+                st.released_at = None
                 st.phase = "launching" if tid in self._launches else "held"
                 self.metrics.task_state(tid, "queued")
 
@@ -608,7 +617,10 @@ class SaturnScheduler(TrialScheduler):
             bundle: dict[str, Any] = {"CPU": self._cpus, "GPU": gpus}
             self._prepare(st, {DECISION_KEY: decision}, bundle, node)
             st.phase, st.placement = "running", (launch.placement.strategy, gpus, node)
-            st.released_at, st.steps_at_release = now, launch.steps_done
+            in_flight = [o for o in self._trials.values() if o.released_at is not None and o is not st]
+            for o in in_flight:
+                o.launch_crowd += 1
+            st.released_at, st.steps_at_release, st.launch_crowd = now, launch.steps_done, len(in_flight)
             self._held[launch.task] = (node, gpus)
             self.gpu_events.append(GpuEvent(now, launch.task, node, gpus, "start"))
             self._max_in_use = max(self._max_in_use, sum(g for _, g in self._held.values()))
@@ -656,6 +668,7 @@ class SaturnScheduler(TrialScheduler):
         now = self._now()
         self._give_back(trial.trial_id, "finished" if finished else ("retried" if retry else "ended"), now)
         self._launches.pop(trial.trial_id, None)
+        st.released_at = None  # no longer launching (if it never reported)
         st.phase = "held" if retry else "ended"
         if st.rejected is not None:
             st.phase = "launching" if retry else "ended"  # a retry is rejected again, at once
@@ -718,7 +731,8 @@ class SaturnScheduler(TrialScheduler):
     def _update_restart_cost(self) -> None:
         if not self._measure_restart:
             return
-        cost = statistics.median(self._latencies)
+        # A move restarts one trial; a mass start (every trial of a search's first plan at once) is slower.
+        cost = statistics.median(self._alone_latencies or self._latencies)
         if self._stop_costs:
             cost += statistics.median(self._stop_costs)
         if self._ctl is not None:
