@@ -14,9 +14,10 @@
 - :data:`DRIFT_REPLAN_GAP_FRACTION`: a run re-plans for drift (a task off its
   estimate, idle GPUs) at most once per this fraction of its first plan's
   makespan; finishes, failures, arrivals and node changes re-plan at once.
-- :data:`PROFILE_WARMUP_STEPS`, :data:`PROFILE_TIMED_STEPS`,
+- :data:`PROFILE_WARMUP_STEPS`, :data:`PROFILE_TIMED_STEPS`, :data:`PROFILE_MIN_MEASURE_S`,
   :data:`PROFILE_TRIAL_TIMEOUT_S`: a profiler trial's untimed and timed steps
-  per knob setting (the median of the timed ones counts) and the seconds
+  per knob setting (the median of the timed ones counts), the least seconds
+  of timed steps (more steps are timed until they reach it), and the seconds
   before it is killed (:class:`~ray_saturn.profiler.Profiler`, ``ray-saturn profile``).
 - :data:`LEASE_HEARTBEAT_S`: seconds between heartbeats of a run folder's lock.
 - :data:`LEASE_STALE_S`: a lock not renewed for this long belongs to a dead run
@@ -39,6 +40,7 @@ __all__ = [
     "PLAN_POLICY",
     "PLAN_TIME_LIMIT_S",
     "POLICY",
+    "PROFILE_MIN_MEASURE_S",
     "PROFILE_TIMED_STEPS",
     "PROFILE_TRIAL_TIMEOUT_S",
     "PROFILE_WARMUP_STEPS",
@@ -57,6 +59,7 @@ PLAN_POLICY = "saturn"
 PLAN_TIME_LIMIT_S = 30.0
 PROFILE_WARMUP_STEPS = 2
 PROFILE_TIMED_STEPS = 5
+PROFILE_MIN_MEASURE_S = 0.5
 PROFILE_TRIAL_TIMEOUT_S = 600.0
 DRIFT_REPLAN_GAP_FRACTION = 0.05
 LEASE_HEARTBEAT_S = 5.0

@@ -113,5 +113,6 @@ def test_the_cli_defaults_are_the_library_defaults():
     emu_defaults = defaults_of(emulation_config)
     assert (emu.policy, emu.solver_time_limit) == (emu_defaults["policy"], emu_defaults["solver_time_limit_s"])
     prof, prof_defaults = parse(["profile", "t.py", "-o", "p.csv"]), defaults_of(Profiler)
-    assert (prof.warmup, prof.steps, prof.trial_timeout) == (
-        prof_defaults["warmup"], prof_defaults["steps"], prof_defaults["trial_timeout_s"])
+    assert (prof.warmup, prof.steps, prof.min_measure, prof.trial_timeout) == (
+        prof_defaults["warmup"], prof_defaults["steps"], prof_defaults["min_measure_s"],
+        prof_defaults["trial_timeout_s"])

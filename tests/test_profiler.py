@@ -19,7 +19,8 @@ from ray_saturn.strategies import strategy_names
 from ray_saturn.toy import faulty_task, mlp_task
 
 CLUSTER = ClusterSpec.uniform(1, 2)
-FAST = {"warmup": 1, "steps": 2, "segment_costs": False}  # the start-up probe: tests/test_segment_costs.py
+# (the start-up probe: tests/test_segment_costs.py)
+FAST = {"warmup": 1, "steps": 2, "min_measure_s": 0.0, "segment_costs": False}
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ from ray_saturn.profiler import Profiler, gpu_ladder
 from ray_saturn.spec import ClusterSpec
 from ray_saturn.toy import mlp_task
 
-FAST = {"warmup": 1, "steps": 2, "segment_costs": False}  # the start-up probe: tests/test_segment_costs.py
+# (the start-up probe: tests/test_segment_costs.py)
+FAST = {"warmup": 1, "steps": 2, "min_measure_s": 0.0, "segment_costs": False}
 
 
 @pytest.mark.ray

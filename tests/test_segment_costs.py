@@ -117,7 +117,7 @@ def test_knobs_for_is_the_one_reader_of_the_knobs_column():
 def test_profile_has_start_up_and_checkpoint_columns(tmp_path):
     with local_ray(num_gpus=1, num_cpus=1):
         store = str(tmp_path / "store.parquet")
-        kw = {"strategies": ["single"], "warmup": 1, "steps": 2, "store": store}
+        kw = {"strategies": ["single"], "warmup": 1, "steps": 2, "min_measure_s": 0.0, "store": store}
         table = Profiler(ClusterSpec.from_ray(), **kw).run([mlp_task("m")]).table
         row = table.get("m", "single", 1)
         # Ray Train's start (seconds on any machine) plus the model's set-up; a save and a load.
@@ -140,7 +140,8 @@ def test_start_up_probe_side_by_side_on_two_gpus(tmp_path):
     under 2 (tasks differing only in learning rate: one trial measures both)."""
     with local_ray(num_gpus=2, num_cpus=2):
         store = str(tmp_path / "store.parquet")
-        result = Profiler(ClusterSpec.from_ray(), strategies=["single"], warmup=1, steps=2, store=store).run(
+        result = Profiler(ClusterSpec.from_ray(), strategies=["single"], warmup=1, steps=2, min_measure_s=0.0,
+                          store=store).run(
             [mlp_task("m"), mlp_task("m2", lr=0.02)]
         )
         (kept,) = json.loads(Path(ProfileStore(store).startup_path).read_text())

@@ -59,6 +59,39 @@ class Sleepy(Strategy):
         return DataParallelRunner(wrapped, model, opt, task.loss, ctx)
 
 
+class Counting(Strategy):
+    """A plug-in whose steps sleep 5 ms and are counted."""
+
+    name = "counting"
+    knob_defaults: ClassVar[dict[str, Any]] = {}
+    steps = 0
+
+    def prepare(self, model, task, knobs, ctx):
+        opt = task.optimizer(model.parameters(), task.hparams)
+
+        def counted(x):
+            Counting.steps += 1
+            time.sleep(0.005)
+            return model(x)
+
+        return DataParallelRunner(counted, model, opt, task.loss, ctx)
+
+
+# (1 s: on a loaded machine a step of this test took 110 ms, 3 of them more than 0.2 s)
+@pytest.mark.parametrize("min_time_s, max_steps, timed", [(0.0, 200, 3), (1.0, 400, None), (1.0, 6, 6)])
+def test_measure_times_more_steps_until_min_time(min_time_s, max_steps, timed):
+    from ray_saturn.strategies.measure import measure_knobs
+
+    Counting.steps = 0
+    step_s, _ = measure_knobs(Counting(), mlp_task(), {}, CPU, warmup=1, steps=3, min_time_s=min_time_s,
+                              max_steps=max_steps)
+    n = Counting.steps - 1  # the warm-up step is not timed
+    if timed is not None:
+        assert n == timed
+    else:  # 3 steps of 5-110 ms fall short of 1 s: it goes on until about 1 s of steps, short of the cap
+        assert 3 < n < 400 and n * step_s >= 0.5
+
+
 def test_entry_point_plugins_load_and_broken_ones_are_skipped(monkeypatch, caplog):
     eps = [
         EntryPoint("sleepy", f"{__name__}:Sleepy", registry.ENTRY_POINT_GROUP),

@@ -52,6 +52,9 @@ def add_parser(sub) -> None:
                    help=f"untimed steps per knob setting ({defaults.PROFILE_WARMUP_STEPS})")
     p.add_argument("--steps", type=count("--steps"), default=defaults.PROFILE_TIMED_STEPS,
                    help=f"timed steps per knob setting; the median counts ({defaults.PROFILE_TIMED_STEPS})")
+    p.add_argument("--min-measure", type=seconds("--min-measure", zero=True), default=defaults.PROFILE_MIN_MEASURE_S,
+                   metavar="S", help="time more steps per knob setting until they take S s "
+                   f"({defaults.PROFILE_MIN_MEASURE_S:g})")
     p.add_argument("--trial-timeout", type=seconds("--trial-timeout"), default=defaults.PROFILE_TRIAL_TIMEOUT_S,
                    metavar="S", help=f"kill a trial after S s ({defaults.PROFILE_TRIAL_TIMEOUT_S:g})")
     p.add_argument(
@@ -84,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         store=args.store,
         warmup=args.warmup,
         steps=args.steps,
+        min_measure_s=args.min_measure,
         trial_timeout_s=args.trial_timeout,
         memory_limit_gb=args.memory_limit_gb,
         segment_costs=not args.no_segment_costs,

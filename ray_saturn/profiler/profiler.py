@@ -193,6 +193,7 @@ class Profiler:
         store: str | None = None,
         warmup: int = defaults.PROFILE_WARMUP_STEPS,
         steps: int = defaults.PROFILE_TIMED_STEPS,
+        min_measure_s: float = defaults.PROFILE_MIN_MEASURE_S,
         trial_timeout_s: float = defaults.PROFILE_TRIAL_TIMEOUT_S,
         placement_timeout_s: float = 120.0,
         min_improvement: float = 0.05,
@@ -204,6 +205,7 @@ class Profiler:
     ) -> None:
         warmup = whole(warmup, "warmup (untimed steps per knob setting)", low=0)
         steps = whole(steps, "steps (timed steps per knob setting)", low=1)
+        min_measure_s = number(min_measure_s, "min_measure_s (least timed seconds per knob setting)", low=0)
         trial_timeout_s = number(trial_timeout_s, "trial_timeout_s", low=0, low_open=True)
         placement_timeout_s = number(placement_timeout_s, "placement_timeout_s", low=0, low_open=True)
         if memory_limit_gb is not None:  # checked, kept as given: it is part of the trials' cache key
@@ -219,6 +221,7 @@ class Profiler:
         self.measure_kw = {
             "warmup": warmup,
             "steps": steps,
+            "min_time_s": float(min_measure_s),
             "memory_limit_gb": memory_limit_gb,
         }
         self.trial_timeout_s = trial_timeout_s
@@ -442,7 +445,8 @@ def profile(
 
     ``cluster`` defaults to :meth:`ClusterSpec.from_ray`; ``options`` go to
     :class:`Profiler` (``strategies``, ``store`` (Parquet cache path),
-    ``warmup``, ``steps``, ``trial_timeout_s``, ``min_improvement``,
+    ``warmup``, ``steps``, ``min_measure_s`` (least seconds of timed steps per knob setting, 0.5),
+    ``trial_timeout_s``, ``min_improvement``,
     ``memory_limit_gb``, ``segment_costs`` (start-up and checkpoint columns,
     default on), ``startup_side_by_side`` (trainers the start-up probe starts
     at once; default as many as the cluster holds), ``warm_workers`` (on one

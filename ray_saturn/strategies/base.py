@@ -214,7 +214,7 @@ class Strategy(ABC):
         """Measure every knob setting of :meth:`knob_space`; keep the fastest feasible one.
 
         Keyword arguments go to :func:`ray_saturn.strategies.measure.measure_knobs`
-        (``warmup``, ``steps``, ``memory_limit_gb``).
+        (``warmup``, ``steps``, ``min_time_s``, ``memory_limit_gb``).
         """
         from ray_saturn.strategies.measure import search_knobs
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import math
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -72,8 +73,15 @@ def measure_knobs(
     *,
     warmup: int = 2,
     steps: int = 5,
+    min_time_s: float = 0.0,
+    max_steps: int = 200,
 ) -> tuple[float, float]:
-    """(median step time in seconds, peak memory in GB) of one knob setting on this worker group."""
+    """(median step time in seconds, peak memory in GB) of one knob setting on this worker group.
+
+    Times ``steps`` steps, then more until their time reaches ``min_time_s`` (at most ``max_steps``
+    in all; every worker times the same number, from the slowest worker's first ``steps``): a
+    handful of steps right after the warm-up runs faster than a segment's steady state.
+    """
     gc.collect()
     cuda = ctx.device.type == "cuda"
     if cuda:
@@ -90,13 +98,19 @@ def measure_knobs(
             stream = DataStream(task.data, task.hparams)
             for _ in range(max(warmup, 0 if cuda else 1)):
                 runner.step(next(stream))
-        for _ in range(steps):
+        target = steps
+        while len(times) < target:
             batch = next(stream)
             synchronize(ctx.device)
             t0 = time.perf_counter()
             runner.step(batch)
             synchronize(ctx.device)
             times.append(time.perf_counter() - t0)
+            if len(times) == steps and min_time_s > 0 and steps < max_steps:
+                spent = _reduce_max(sum(times), ctx)  # the same on every worker: they time as many steps
+                if spent < min_time_s:
+                    more = math.ceil((min_time_s - spent) / max(spent / steps, 1e-9))
+                    target = min(max_steps, steps + more)
     finally:
         if runner is not None:
             runner.close()
@@ -136,6 +150,7 @@ def search_knobs(
     *,
     warmup: int = 2,
     steps: int = 5,
+    min_time_s: float = 0.0,
     memory_limit_gb: float | None = None,
     knob_space: Sequence[Mapping[str, Any]] | None = None,
 ) -> SearchResult | Infeasible:
@@ -161,7 +176,7 @@ def search_knobs(
         err: str | None = None
         result = (0.0, 0.0)
         try:
-            result = measure_knobs(strategy, task, knobs, ctx, warmup=warmup, steps=steps)
+            result = measure_knobs(strategy, task, knobs, ctx, warmup=warmup, steps=steps, min_time_s=min_time_s)
         except Exception as exc:
             err = _describe(exc)
             log.info(
