@@ -306,3 +306,33 @@ def test_a_state_read_while_the_driver_rewrites_it_is_whole(how, s3, tmp_path, m
             thread.join(timeout=60)
     assert reads >= 10, f"only {reads} reads in 2 s: the race was hardly tried"
     assert not bad, f"{len(bad)} of {reads} reads were not one whole state.json: {bad[:3]}"
+
+
+def test_a_file_that_never_stops_changing_is_one_clear_error_after_the_read_budget(tmp_path, monkeypatch) -> None:
+    """pyarrow's S3 read (no boto3) retries a file replaced around it, within a time budget, then says why."""
+    import types
+
+    import pyarrow.fs as pafs
+
+    from ray_saturn.runtime import storage as storage_mod
+
+    monkeypatch.setattr(storage_mod, "_CHANGING_READ_BUDGET_S", 0.3)
+    st = RunStorage(tmp_path / "run")
+    st.write_bytes("state.json", b"{}")
+    real = st.fs
+    looks = iter(range(10**6))
+
+    class Replaced:  # every look at the file sees another version of it
+        def get_file_info(self, path):
+            return types.SimpleNamespace(type=pafs.FileType.File, size=2, mtime=next(looks))
+
+        def open_input_stream(self, path):
+            return real.open_input_stream(path)
+
+    st.fs = Replaced()
+    t0 = time.monotonic()
+    with pytest.raises(OSError, match=r"kept changing while it was read \(\d+ tries in 0.3 s\); is another process"):
+        st._read_checked(st.join("state.json"))
+    assert 0.3 <= time.monotonic() - t0 < 5
+    st.fs = real
+    assert st._read_checked(st.join("state.json")) == b"{}"  # one that holds still reads at once

@@ -69,6 +69,7 @@ import json
 import logging
 import os
 import posixpath
+import random
 import re
 import threading
 import time
@@ -101,8 +102,12 @@ TASKS_DIR = "tasks"
 #: ``tasks/<task>/checkpoints/step-<9 digits>/``: the task's DCP checkpoints.
 CHECKPOINTS_DIR = "checkpoints"
 
-#: Reads of a file that another process keeps replacing, before giving up (S3 without boto3).
+#: Reads of an object whose connection ends early, before giving up (boto3).
 _READ_TRIES = 5
+#: Seconds of reading a file that another process keeps replacing, before giving up (S3 without
+#: boto3): a read is three requests, and on a loaded machine a writer that replaces the file every
+#: few tens of milliseconds can spoil several tries in a row; a driver replaces it a few times a second.
+_CHANGING_READ_BUDGET_S = 10.0
 _SECRET_KEYS = re.compile(r"secret|token|password|passwd|credential|sas|key", re.IGNORECASE)
 _T = TypeVar("_T")
 
@@ -538,7 +543,10 @@ class RunStorage:
 
     def _read_checked(self, path: str) -> bytes:
         """pyarrow's read (a HEAD, then a ranged GET), kept only if size and mtime did not change around it."""
-        for attempt in range(_READ_TRIES):
+        deadline = time.monotonic() + _CHANGING_READ_BUDGET_S
+        attempt = 0
+        while True:
+            attempt += 1
             before = self.fs.get_file_info(path)
             if before.type == pafs.FileType.NotFound:
                 raise FileNotFoundError(path)
@@ -546,10 +554,12 @@ class RunStorage:
             after = self.fs.get_file_info(path)
             if before.size == after.size == len(data) and before.mtime == after.mtime:
                 return data
-            logger.debug("%s: replaced while it was read (try %d); reading it again", path, attempt + 1)
-            time.sleep(0.02 * (attempt + 1))
-        raise OSError(f"{path} kept changing while it was read ({_READ_TRIES} tries); is another process "
-                      "rewriting it in a loop?")
+            if time.monotonic() >= deadline:
+                raise OSError(f"{path} kept changing while it was read ({attempt} tries in "
+                              f"{_CHANGING_READ_BUDGET_S:g} s); is another process rewriting it in a loop?")
+            logger.debug("%s: replaced while it was read (try %d); reading it again", path, attempt)
+            # Jittered, growing pauses, so the next try does not fall in step with the writer's rhythm.
+            time.sleep(random.uniform(0.005, 0.02 * min(2 ** attempt, 16)))
 
     def read_json(self, name: str) -> Any:
         try:
