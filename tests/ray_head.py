@@ -88,7 +88,10 @@ def _wait_for_job_api(proc: subprocess.Popen, address: str, env: dict, log: Path
 @contextlib.contextmanager
 def ray_head(*, num_cpus: int = 2, num_gpus: int = 4) -> Iterator[Head]:
     temp_dir = Path(tempfile.gettempdir()) / f"rsh-{uuid.uuid4().hex[:6]}"
-    gcs_port, dash_port = free_port(), free_port()
+    # The dashboard agent's HTTP port is fixed by default (52365): a Ray of an earlier test still
+    # stopping holds it, the agent then runs with its HTTP service disabled and `ray job submit`
+    # answers "No available agent" for good. Every port of ours is a free one.
+    gcs_port, dash_port, agent_port = free_port(), free_port(), free_port()
     env = {
         **os.environ,
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -102,6 +105,7 @@ def ray_head(*, num_cpus: int = 2, num_gpus: int = 4) -> Iterator[Head]:
     proc = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs_port}", f"--num-cpus={num_cpus}",
          f"--num-gpus={num_gpus}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}",
+         f"--dashboard-agent-listen-port={agent_port}",
          f"--temp-dir={temp_dir}", "--include-dashboard=true", "--disable-usage-stats"],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
