@@ -117,7 +117,7 @@ def ray_head(*, num_cpus: int = 2, num_gpus: int = 4) -> Iterator[Head]:
         with contextlib.suppress(ProcessLookupError):  # it may have exited on its own (a failed start)
             os.killpg(proc.pid, signal.SIGTERM)  # the process group of our own `ray start --block`
         try:
-            proc.wait(timeout=15)  # a graceful stop; past that, the group is killed (nothing of value is left)
+            proc.wait(timeout=5)  # a graceful stop; past that, the group is killed (nothing of value is left)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -227,3 +227,25 @@ def test_rolling_window_plans_a_few_queued_tasks_at_a_time():
     assert all(ctl.state(f"t{i}").state is TaskState.FINISHED for i in range(6))
     with pytest.raises(SaturnError, match="max_replan_tasks"):
         Controller(prof, ClusterSpec.uniform(1, 2), "saturn-replan", max_replan_tasks=0)
+
+
+def test_without_relocations_every_move_changes_a_tasks_gpus():
+    # x and y run on 1 GPU each, one per node; z needs a whole 2-GPU node. With relocations the
+    # re-plan moves y next to x (same size, another node) so z starts at once; without them
+    # (Ray Tune: a move is a pause and a resize) no task moves unless its GPU count changes.
+    prof = _rows(("x", 1000, [(1, 1.0)]), ("w", 10, [(1, 1.0)]), ("y", 1000, [(1, 1.0)]), ("v", 10, [(1, 1.0)]),
+                 ("z", 500, [(2, 1.0)]))
+    for relocations in (True, False):
+        ctl, _ = _checked_controller(prof, ClusterSpec.uniform(2, 2), "saturn-replan", restart_s=5.0,
+                                     relocations=relocations)
+        nodes = {a.task: a.placement.nodes for a in ctl.start(0.0, arrived=["x", "w", "y", "v"])}
+        assert nodes["x"] != nodes["y"], f"the set-up needs x and y on different nodes: {nodes}"
+        ctl.handle(TaskFinished(time_s=10.0, task="w"), TaskFinished(time_s=10.0, task="v"))
+        out = ctl.handle(TaskArrived(time_s=20.0, task="z"))
+        stops = [a for a in out if isinstance(a, Stop)]
+        if relocations:
+            assert len(stops) == 1 and stops[0].target.gpus == 1 and ctl.moves == 1, out
+            assert [a.task for a in out if isinstance(a, Launch)] == [stops[0].task, "z"]
+        else:
+            assert not stops and ctl.moves == 0, out
+            assert all(not d.move or d.target.gpus != d.current.gpus for r in ctl.replans for d in r.moves)

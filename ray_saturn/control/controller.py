@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ray_saturn import defaults
@@ -133,6 +133,11 @@ class Controller:
         objective: what plans optimise: ``makespan`` (default), ``completion``
             or ``online`` (:mod:`ray_saturn.solver.objective`); it is passed
             to the solver policy and decides whether moving running tasks pays.
+        relocations: whether a move may keep a task's GPU count (another node,
+            or the same GPUs later: room made for another task). ``False``
+            (Ray Tune, where a move is a pause and a resize) pins every task a
+            plan would move without resizing it and solves again, so every
+            move changes a task's GPU count.
     """
 
     def __init__(
@@ -157,6 +162,7 @@ class Controller:
         steps_done: Mapping[str, int] | None = None,
         failed: Mapping[str, str] | None = None,
         objective: str = "makespan",
+        relocations: bool = True,
     ) -> None:
         if restart_s < 0 or not math.isfinite(restart_s):
             raise SaturnError(f"restart cost is {restart_s} s; give a finite number >= 0")
@@ -191,6 +197,7 @@ class Controller:
             solve = default_solve
         self._solve = solve
         self.objective = parse_objective(objective)
+        self.relocations = bool(relocations)
         self._deterministic = deterministic
         self._solver_policy = self.policy.solver_policy
         if deterministic or self.objective != "makespan":
@@ -524,7 +531,7 @@ class Controller:
         p.forget_measurements()
         self.planned.pop(p.task, None)
 
-    def _input(self, now: float, movable: bool) -> ReplanInput | None:
+    def _input(self, now: float, movable: bool, pinned: Collection[str] = ()) -> ReplanInput | None:
         return build_replan_input(
             self.profile,
             self.tasks,
@@ -534,6 +541,7 @@ class Controller:
             movable=movable,
             only=self._window,
             incumbent=self._incumbent(),
+            pinned=pinned,
         )
 
     def _incumbent(self) -> Incumbent | None:
@@ -594,6 +602,8 @@ class Controller:
                 area_weight=area_weight,
             )
         plan = self._call_solver(inp, limit)
+        if moves_ok and running and not self.relocations:
+            plan, inp = self._without_relocations(now, running, plan, inp, limit)
         decisions: list[MoveDecision] = []
         if moves_ok and running and moved_tasks(running, plan):
             keep_inp = self._input(now, movable=False)
@@ -635,6 +645,21 @@ class Controller:
                 self.moves += 1
                 actions.append(Stop(d.task, d.reason, d.target))
         return actions
+
+    def _without_relocations(
+        self, now: float, running: Mapping[str, Placement], plan: Plan, inp: ReplanInput, limit: float
+    ) -> tuple[Plan, ReplanInput]:
+        """``plan`` solved again with every running task it moves without resizing pinned, until
+        no move keeps a GPU count (each round pins at least one more task, so it ends)."""
+        pinned: set[str] = set()
+        while True:
+            same = {t for t, to in moved_tasks(running, plan).items() if to.gpus == running[t].gpus}
+            if not same - pinned:
+                return plan, inp
+            pinned |= same
+            again = self._input(now, movable=True, pinned=pinned)
+            assert again is not None  # the same running tasks are still there
+            plan, inp = self._call_solver(again, max(0.1, limit / 2)), again
 
     def _move_costs(self, running: Mapping[str, Placement], plan: Plan) -> dict[str, float]:
         """Per running task the plan moves: stop + save + load (``restart_s`` and its row's

@@ -117,13 +117,15 @@ def build_replan_input(
     movable: bool,
     only: Collection[str] | None = None,
     incumbent: Incumbent | None = None,
+    pinned: Collection[str] = (),
 ) -> ReplanInput | None:
     """The solver input for the queued and running tasks at ``now_s`` (``None`` if there are none).
 
     ``profile`` is the original profile (total steps, profiled step times);
     ``cluster`` the nodes alive now; ``only``, if given, limits the queued
     tasks to those named (a rolling-horizon window; running tasks are always in);
-    ``incumbent`` the plan being followed, passed on to the solver.
+    ``incumbent`` the plan being followed, passed on to the solver;
+    ``pinned`` running tasks that stay where they run even when ``movable``.
 
     Example:
         >>> prof = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 1,
@@ -173,7 +175,7 @@ def build_replan_input(
                     current.nodes,
                     # stop + save + load; the target's start-up is in its row
                     restart_s=restart_s + here.move_cost_s,
-                    movable=movable and p.setup_left_s(now_s) <= 0,
+                    movable=movable and p.setup_left_s(now_s) <= 0 and p.task not in pinned,
                 )
             )
     table = ProfileTable.from_configs(rows, source=f"{profile.source}@{now_s:.0f}s")

@@ -542,6 +542,7 @@ class SaturnScheduler(TrialScheduler):
             max_failures=_NO_LIMIT,
             solve=self._planner,
             objective=self._objective,
+            relocations=False,  # a move is a pause and a resize: one that keeps the trial's GPUs is churn
         )
 
     def _end_event(self, now: float, tid: str, finished: bool, reason: str, retry: bool):
