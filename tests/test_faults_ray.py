@@ -57,10 +57,23 @@ def _actor_state(handle) -> str:
     return actors(handle._actor_id.hex()).get("State", "DEAD")
 
 
+def _recorded_class(handle) -> str:
+    from ray._private.state import actors
+
+    return actors(handle._actor_id.hex())["ActorClassName"]
+
+
 def test_reclaim_ends_what_a_dead_driver_left_and_nothing_of_a_live_one():
     from ray.util.placement_group import placement_group
 
+    from ray_saturn.runtime.actor import DRIVER_NAMESPACE, DriverActor, driver_name
+
     with emulated_cluster(1, 2):
+        # The class name Ray records for the real driver actor, read from the GCS table.
+        real = DriverActor().options(name=driver_name("realrun"), namespace=DRIVER_NAMESPACE).remote()
+        assert ray.get(real.status.remote()) == {"driver_state": "starting"}
+        real_class = _recorded_class(real)
+        ray.kill(real, no_restart=True)
 
         # Ray records a class's __qualname__: these local classes get the names of the real ones.
         class PlacementGroupCleaner:  # the class name Ray Train's detached helper has
@@ -70,35 +83,50 @@ def test_reclaim_ends_what_a_dead_driver_left_and_nothing_of_a_live_one():
         PlacementGroupCleaner.__qualname__ = "PlacementGroupCleaner"
         PlacementGroupCleaner = ray.remote(num_cpus=0)(PlacementGroupCleaner)
 
-        class DriverActor:  # the class name of our driver: the root of what a run owns
-            def start(self, run):
-                self.pg = placement_group([{"GPU": 1}], name=f"ray_saturn:{run}:t0")
-                self.train_pg = placement_group([{"CPU": 0.01}])  # unnamed, like Ray Train's own
-                self.cleaner = PlacementGroupCleaner.options(lifetime="detached").remote()
-                ray.get(self.cleaner.ping.remote())
-                return self.pg, self.train_pg, self.cleaner
+        def driver_cls(qualname: str):
+            class FakeDriver:  # the root of what a run owns
+                def start(self, run):
+                    self.pg = placement_group([{"GPU": 0.5}], name=f"ray_saturn:{run}:t0")
+                    self.train_pg = placement_group([{"CPU": 0.01}])  # unnamed, like Ray Train's own
+                    self.cleaner = PlacementGroupCleaner.options(lifetime="detached").remote()
+                    ray.get(self.cleaner.ping.remote())
+                    return self.pg, self.train_pg, self.cleaner
 
-        DriverActor.__qualname__ = "DriverActor"
-        DriverActor = ray.remote(num_cpus=0)(DriverActor)
+            FakeDriver.__qualname__ = qualname
+            return ray.remote(num_cpus=0)(FakeDriver)
 
-        dead = DriverActor.options(name="driver:deadrun", namespace="ray_saturn").remote()
-        live = DriverActor.options(name="driver:liverun", namespace="ray_saturn").remote()
-        dead_pg, dead_train_pg, dead_cleaner = ray.get(dead.start.remote("deadrun"))
-        live_pg, live_train_pg, live_cleaner = ray.get(live.start.remote("liverun"))
-        ray.kill(dead, no_restart=True)
-        _wait(lambda: _actor_state(dead) == "DEAD", "the killed driver is dead")
-        assert _actor_state(dead_cleaner) == "ALIVE" and _pg_state(dead_train_pg) != "REMOVED", \
-            "Ray itself leaves these behind (else this test tests nothing)"
-        got = reclaim_dead_runs(["deadrun", "liverun"])
-        assert sorted(got.actors) == [f"PlacementGroupCleaner {dead_cleaner._actor_id.hex()[:8]}"]
-        assert "ray_saturn:deadrun:t0" in got.placement_groups and len(got.placement_groups) == 2
-        _wait(lambda: _actor_state(dead_cleaner) == "DEAD", "the dead run's cleaner is ended", budget=60)
-        assert _pg_state(dead_pg) == "REMOVED" and _pg_state(dead_train_pg) == "REMOVED"
+        # A dead driver of this version, one of an earlier version (its class defined in a function), a live one.
+        drivers = {
+            "deadrun": driver_cls(real_class),
+            "oldrun": driver_cls("_actor_cls.<locals>.DriverActor"),
+            "liverun": driver_cls(real_class),
+        }
+        handles = {run: cls.options(name=driver_name(run), namespace=DRIVER_NAMESPACE).remote()
+                   for run, cls in drivers.items()}
+        assert _recorded_class(handles["deadrun"]) == real_class
+        left = {run: ray.get(h.start.remote(run)) for run, h in handles.items()}
+        for run in ("deadrun", "oldrun"):
+            ray.kill(handles[run], no_restart=True)
+            _wait(lambda run=run: _actor_state(handles[run]) == "DEAD", "the killed driver is dead")
+            _, train_pg, cleaner = left[run]
+            assert _actor_state(cleaner) == "ALIVE" and _pg_state(train_pg) != "REMOVED", \
+                "Ray itself leaves these behind (else this test tests nothing)"
+        got = reclaim_dead_runs(["deadrun", "oldrun", "liverun"])
+        assert sorted(got.actors) == sorted(f"PlacementGroupCleaner {left[run][2]._actor_id.hex()[:8]}"
+                                            for run in ("deadrun", "oldrun"))
+        assert {"ray_saturn:deadrun:t0", "ray_saturn:oldrun:t0"} <= set(got.placement_groups)
+        assert len(got.placement_groups) == 4
+        for run in ("deadrun", "oldrun"):
+            pg, train_pg, cleaner = left[run]
+            _wait(lambda cleaner=cleaner: _actor_state(cleaner) == "DEAD", "the dead run's cleaner is ended",
+                  budget=60)
+            assert _pg_state(pg) == "REMOVED" and _pg_state(train_pg) == "REMOVED"
+        live_pg, live_train_pg, live_cleaner = left["liverun"]
         assert _actor_state(live_cleaner) == "ALIVE", "a live run's actors are not touched"
         assert _pg_state(live_pg) != "REMOVED" and _pg_state(live_train_pg) != "REMOVED"
         assert not reclaim_dead_runs(), "nothing is left to end"
         ray.kill(live_cleaner)
-        ray.kill(live)
+        ray.kill(handles["liverun"])
 
 
 def test_a_sigkilled_emulate_is_private_resumable_and_leaves_ray_usable(tmp_path):

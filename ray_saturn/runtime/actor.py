@@ -30,13 +30,16 @@ from ray_saturn.runtime.storage import RunStorage, StorageError
 from ray_saturn.spec import ClusterSpec, Task
 
 __all__ = [
+    "DRIVER_CLASS",
     "DRIVER_NAMESPACE",
+    "DRIVER_PREFIX",
     "DriverActor",
     "DriverLost",
     "check_new_run_folder",
     "connected",
     "driver_name",
     "end_orphaned_driver",
+    "is_driver_class",
     "prepare_run",
     "start_driver",
     "wait_for_driver",
@@ -45,12 +48,22 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DRIVER_NAMESPACE = "ray_saturn"
+#: The class name Ray records for the driver actor (the class's ``__qualname__``, set here: a class
+#: defined inside a function is recorded as ``_actor_cls.<locals>.DriverActor`` otherwise).
+DRIVER_CLASS = "DriverActor"
+#: A driver actor is named ``driver:<run>`` in :data:`DRIVER_NAMESPACE`.
+DRIVER_PREFIX = "driver:"
+
+
+def is_driver_class(class_name: str) -> bool:
+    """Whether Ray's recorded ``class_name`` of an actor is our driver's: :data:`DRIVER_CLASS`,
+    or ``_actor_cls.<locals>.DriverActor`` as drivers of earlier versions were recorded."""
+    return class_name.rsplit(".", 1)[-1] == DRIVER_CLASS
 
 
 def _actor_cls():
     import ray
 
-    @ray.remote(num_cpus=0, max_concurrency=4, max_restarts=0)
     class DriverActor:
         """Runs one :class:`~ray_saturn.runtime.driver.Driver` inside the cluster."""
 
@@ -119,7 +132,8 @@ def _actor_cls():
                 "tasks": {t: r.to_dict(d.now()) for t, r in d.records.items()},
             }
 
-    return DriverActor
+    DriverActor.__qualname__ = DRIVER_CLASS  # what Ray records, and what reclaim and the dashboard see
+    return ray.remote(num_cpus=0, max_concurrency=4, max_restarts=0)(DriverActor)
 
 
 _ACTOR = None
@@ -134,7 +148,7 @@ def DriverActor():
 
 
 def driver_name(run_name: str) -> str:
-    return f"driver:{run_name}"
+    return f"{DRIVER_PREFIX}{run_name}"
 
 
 @contextlib.contextmanager

@@ -33,13 +33,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ray_saturn.runtime.actor import DRIVER_CLASS, DRIVER_NAMESPACE, DRIVER_PREFIX, is_driver_class
+
 __all__ = ["DRIVER_CLASS", "Reclaimed", "reclaim_dead_runs"]
 
 logger = logging.getLogger(__name__)
 
-#: The class name Ray records for our driver actor.
-DRIVER_CLASS = "DriverActor"
-_DRIVER_PREFIX = "driver:"
+_DRIVER_PREFIX = DRIVER_PREFIX
 _HOLD_PREFIX = "ray_saturn:"
 
 
@@ -115,7 +115,7 @@ def _remove_pg(pg_id: bytes) -> None:
     remove_placement_group(PlacementGroup(ray.PlacementGroupID(pg_id)))
 
 
-def reclaim_dead_runs(run_names: Iterable[str] | None = None, *, namespace: str = "ray_saturn") -> Reclaimed:
+def reclaim_dead_runs(run_names: Iterable[str] | None = None, *, namespace: str = DRIVER_NAMESPACE) -> Reclaimed:
     """End the actors and placement groups that dead drivers of ``run_names`` left (all dead drivers: None).
 
     Ray must be connected. Never raises for a table it cannot read or an
@@ -132,7 +132,7 @@ def reclaim_dead_runs(run_names: Iterable[str] | None = None, *, namespace: str 
         return out
 
     def ours(a: _Actor) -> bool:
-        return a.class_name == DRIVER_CLASS and a.namespace == namespace and a.name.startswith(_DRIVER_PREFIX)
+        return is_driver_class(a.class_name) and a.namespace == namespace and a.name.startswith(_DRIVER_PREFIX)
 
     live_runs = {a.name[len(_DRIVER_PREFIX):] for a in actors if ours(a) and a.state != "DEAD"}
     dead_drivers = [
