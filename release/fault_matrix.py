@@ -310,7 +310,8 @@ def _alive_of_ours() -> list[str]:
     out = []
     for raw in acc.get_actor_table(None, None):
         a = gcs_pb2.ActorTableData.FromString(raw)
-        if a.class_name in OURS and a.state != gcs_pb2.ActorTableData.DEAD:
+        # The last dotted part: Ray records a class defined in a function as e.g. _board_cls.<locals>.ProgressBoard.
+        if a.class_name.rsplit(".", 1)[-1] in OURS and a.state != gcs_pb2.ActorTableData.DEAD:
             out.append(f"{a.class_name} {a.actor_id.hex()[:8]}")
     for raw in acc.get_placement_group_table():
         pg = gcs_pb2.PlacementGroupTableData.FromString(raw)
