@@ -51,10 +51,11 @@ def _pg_state(pg) -> str:
     return ray.util.placement_group_table(pg).get("state", "REMOVED")
 
 
-def _actor_state(handle) -> str:
+def _actor_state(actor) -> str:
+    """The state of an actor, given its handle or its id (hex)."""
     from ray._private.state import actors
 
-    return actors(handle._actor_id.hex()).get("State", "DEAD")
+    return actors(actor if isinstance(actor, str) else actor._actor_id.hex()).get("State", "DEAD")
 
 
 def _recorded_class(handle) -> str:
@@ -90,7 +91,11 @@ def test_reclaim_ends_what_a_dead_driver_left_and_nothing_of_a_live_one():
                     self.train_pg = placement_group([{"CPU": 0.01}])  # unnamed, like Ray Train's own
                     self.cleaner = PlacementGroupCleaner.options(lifetime="detached").remote()
                     ray.get(self.cleaner.ping.remote())
-                    return self.pg, self.train_pg, self.cleaner
+                    # Its id only: the process that reclaims holds no handle to it (a resuming CLI does not).
+                    return self.pg, self.train_pg, self.cleaner._actor_id.hex()
+
+                def end(self):
+                    ray.kill(self.cleaner)
 
             FakeDriver.__qualname__ = qualname
             return ray.remote(num_cpus=0)(FakeDriver)
@@ -112,8 +117,8 @@ def test_reclaim_ends_what_a_dead_driver_left_and_nothing_of_a_live_one():
             assert _actor_state(cleaner) == "ALIVE" and _pg_state(train_pg) != "REMOVED", \
                 "Ray itself leaves these behind (else this test tests nothing)"
         got = reclaim_dead_runs(["deadrun", "oldrun", "liverun"])
-        assert sorted(got.actors) == sorted(f"PlacementGroupCleaner {left[run][2]._actor_id.hex()[:8]}"
-                                            for run in ("deadrun", "oldrun"))
+        ended = [f"PlacementGroupCleaner {left[run][2][:8]}" for run in ("deadrun", "oldrun")]
+        assert sorted(got.actors) == sorted(ended)
         assert {"ray_saturn:deadrun:t0", "ray_saturn:oldrun:t0"} <= set(got.placement_groups)
         assert len(got.placement_groups) == 4
         for run in ("deadrun", "oldrun"):
@@ -125,7 +130,7 @@ def test_reclaim_ends_what_a_dead_driver_left_and_nothing_of_a_live_one():
         assert _actor_state(live_cleaner) == "ALIVE", "a live run's actors are not touched"
         assert _pg_state(live_pg) != "REMOVED" and _pg_state(live_train_pg) != "REMOVED"
         assert not reclaim_dead_runs(), "nothing is left to end"
-        ray.kill(live_cleaner)
+        ray.get(handles["liverun"].end.remote())
         ray.kill(handles["liverun"])
 
 

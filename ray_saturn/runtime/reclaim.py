@@ -101,11 +101,25 @@ def _placement_groups() -> list[Any]:
 
 
 def _kill(actor_id: str) -> None:
-    import ray
+    """Kill an actor by its id through the GCS, the call ``ray.kill`` makes.
 
-    worker = ray._private.worker.global_worker
-    handle = worker.core_worker.get_actor_handle(ray.ActorID(bytes.fromhex(actor_id)))
-    ray.kill(handle, no_restart=True)
+    ``ray.kill`` needs a handle, and this process holds none to an actor a dead driver created
+    (asking the core worker for one it does not hold aborts the process).
+    """
+    import ray
+    from ray._private.grpc_utils import init_grpc_channel  # token auth and TLS as the cluster has them
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    channel = init_grpc_channel(ray.get_runtime_context().gcs_address)
+    try:
+        request = gcs_service_pb2.KillActorViaGcsRequest(
+            actor_id=bytes.fromhex(actor_id), force_kill=True, no_restart=True
+        )
+        reply = gcs_service_pb2_grpc.ActorInfoGcsServiceStub(channel).KillActorViaGcs(request, timeout=30)
+    finally:
+        channel.close()
+    if reply.status.code != 0:
+        raise RuntimeError(f"the GCS answered {reply.status.code}: {reply.status.message}")
 
 
 def _remove_pg(pg_id: bytes) -> None:
