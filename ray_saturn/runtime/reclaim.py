@@ -39,7 +39,6 @@ __all__ = ["DRIVER_CLASS", "Reclaimed", "reclaim_dead_runs"]
 
 logger = logging.getLogger(__name__)
 
-_DRIVER_PREFIX = DRIVER_PREFIX
 _HOLD_PREFIX = "ray_saturn:"
 
 
@@ -146,16 +145,16 @@ def reclaim_dead_runs(run_names: Iterable[str] | None = None, *, namespace: str 
         return out
 
     def ours(a: _Actor) -> bool:
-        return is_driver_class(a.class_name) and a.namespace == namespace and a.name.startswith(_DRIVER_PREFIX)
+        return is_driver_class(a.class_name) and a.namespace == namespace and a.name.startswith(DRIVER_PREFIX)
 
-    live_runs = {a.name[len(_DRIVER_PREFIX):] for a in actors if ours(a) and a.state != "DEAD"}
+    live_runs = {a.name[len(DRIVER_PREFIX):] for a in actors if ours(a) and a.state != "DEAD"}
     dead_drivers = [
         a for a in actors
         if ours(a) and a.state == "DEAD"
-        and (wanted is None or a.name[len(_DRIVER_PREFIX):] in wanted)
-        and a.name[len(_DRIVER_PREFIX):] not in live_runs
+        and (wanted is None or a.name[len(DRIVER_PREFIX):] in wanted)
+        and a.name[len(DRIVER_PREFIX):] not in live_runs
     ]
-    dead_runs = {a.name[len(_DRIVER_PREFIX):] for a in dead_drivers}
+    dead_runs = {a.name[len(DRIVER_PREFIX):] for a in dead_drivers}
     if wanted is not None:
         # A run whose driver record Ray has already dropped still has named holds to remove.
         dead_runs |= wanted - live_runs
