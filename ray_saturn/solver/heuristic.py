@@ -235,6 +235,7 @@ def _local_search(problem, bound, start: HeuristicResult, deadline, rng, on_sche
             # Re-prioritise: move t earlier in the order.
             pos = order.index(t)
             if pos == 0:
+                since_best += 1  # a proposal that changes nothing is one without improvement
                 continue
             new_order = list(order)
             new_order.pop(pos)
@@ -246,6 +247,7 @@ def _local_search(problem, bound, start: HeuristicResult, deadline, rng, on_sche
         else:
             i, j = rng.randrange(n), rng.randrange(n)
             if i == j:
+                since_best += 1
                 continue
             new_order = list(order)
             new_order[i], new_order[j] = new_order[j], new_order[i]
