@@ -13,7 +13,7 @@ import importlib
 import logging
 import sys
 
-from ray_saturn.cli.args import OneLineParser
+from ray_saturn.cli.args import OneLineParser, json_only_on_stdout
 from ray_saturn.errors import SaturnError
 
 #: Subcommand modules, in help order.
@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
-        return int(args.func(args) or 0)
+        with json_only_on_stdout(bool(getattr(args, "json", False))):
+            return int(args.func(args) or 0)
     except SaturnError as exc:
         print(f"ray-saturn {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -16,8 +16,11 @@ Example:
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TextIO
 
 from ray_saturn.errors import SaturnError
 from ray_saturn.limits import MAX_SEED, number, whole
@@ -26,6 +29,8 @@ __all__ = [
     "OneLineParser",
     "count",
     "fraction",
+    "json_only_on_stdout",
+    "json_stream",
     "output_file",
     "output_folder",
     "positive",
@@ -33,6 +38,31 @@ __all__ = [
     "seed",
     "write_text",
 ]
+
+
+_JSON_STREAM: TextIO | None = None
+
+
+@contextlib.contextmanager
+def json_only_on_stdout(enabled: bool) -> Iterator[None]:
+    """With ``--json``, keep stdout for the one JSON document: everything else printed meanwhile
+    (Ray forwards its workers' and raylet's lines to ``sys.stdout``) goes to stderr, and
+    :func:`json_stream` is the real stdout."""
+    global _JSON_STREAM
+    if not enabled:
+        yield
+        return
+    _JSON_STREAM = sys.stdout
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _JSON_STREAM = None
+
+
+def json_stream() -> TextIO:
+    """Where a command prints its ``--json`` document (see :func:`json_only_on_stdout`)."""
+    return _JSON_STREAM if _JSON_STREAM is not None else sys.stdout
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -15,7 +15,7 @@ import json
 import sys
 import tempfile
 
-from ray_saturn.cli.args import count, output_folder, positive
+from ray_saturn.cli.args import count, json_stream, output_folder, positive
 from ray_saturn.limits import MAX_GPUS_PER_NODE
 
 
@@ -41,6 +41,6 @@ def run(args: argparse.Namespace) -> int:
     console = Console(file=sys.stderr) if args.json else None
     result = run_demo(out, gpus=args.gpus, scale=args.scale, progress=not args.no_progress, console=console)
     if args.json:
-        print(json.dumps(result.to_json()))
+        print(json.dumps(result.to_json()), file=json_stream())
     failed = [t.task for t in result.report.tasks if t.state != "finished"]
     return 1 if failed else 0

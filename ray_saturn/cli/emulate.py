@@ -13,7 +13,7 @@ import argparse
 import json
 
 from ray_saturn import defaults
-from ray_saturn.cli.args import count, fraction, seconds, seed
+from ray_saturn.cli.args import count, fraction, json_stream, seconds, seed
 from ray_saturn.cli.run import add_storage_option
 from ray_saturn.limits import MAX_GPUS_PER_NODE, MAX_NOISE
 from ray_saturn.profile_table import ProfileTable
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         config=cfg,
     )
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps(out), file=json_stream())
         return 0 if out["state"] == "finished" else 1
     print(f"run folder: {out['run_dir']}")
     for t in out["tasks"]:

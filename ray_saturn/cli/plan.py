@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ray_saturn import defaults
-from ray_saturn.cli.args import count, output_file, seconds, seed, write_text
+from ray_saturn.cli.args import count, json_stream, output_file, seconds, seed, write_text
 from ray_saturn.errors import SpecError
 from ray_saturn.limits import MAX_GPUS_PER_NODE, MAX_NODES
 from ray_saturn.plan import Plan
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         write_text(args.output, plan.to_json(indent=2), "--output")
     if args.json:
-        print(plan.to_json())
+        print(plan.to_json(), file=json_stream())
     else:
         print_table(plan)
     return 0

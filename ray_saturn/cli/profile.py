@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 
 from ray_saturn import defaults
-from ray_saturn.cli.args import count, output_file, positive, seconds
+from ray_saturn.cli.args import count, json_stream, output_file, positive, seconds
 from ray_saturn.cli.plan import add_cluster_args, cluster_from_args
 from ray_saturn.errors import SpecError
 from ray_saturn.limits import MAX_GPUS_PER_NODE
@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
                         for t, s, g, r in result.infeasible
                     ],
                 }
-            )
+            ),
+            file=json_stream(),
         )
     else:
         print(result.summary())

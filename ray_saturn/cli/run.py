@@ -13,7 +13,7 @@ import json
 import os
 
 from ray_saturn import defaults
-from ray_saturn.cli.args import seconds
+from ray_saturn.cli.args import json_stream, seconds
 from ray_saturn.solver.objective import OBJECTIVES
 from ray_saturn.workload_file import load_workload
 
@@ -97,7 +97,7 @@ def print_result(result, *, as_json: bool) -> None:
     o = RunOutcome.of(result.state, {t: r.state for t, r in result.tasks.items()})
     out = _as_dict(result, o)
     if as_json:
-        print(json.dumps(out))
+        print(json.dumps(out), file=json_stream())
         return
     for t, r in result.tasks.items():
         print(f"{t:<24} {r.state:<9} {r.steps_done}/{r.total_steps}" + (f"  {r.reason}" if r.reason else ""))

@@ -14,7 +14,7 @@ import json
 import sys
 
 from ray_saturn import defaults
-from ray_saturn.cli.args import count, fraction, output_file, seconds, seed
+from ray_saturn.cli.args import count, fraction, json_stream, output_file, seconds, seed
 from ray_saturn.cli.plan import add_cluster_args, cluster_from_args
 from ray_saturn.control import get_replan_policy, replan_policy_names
 from ray_saturn.errors import SpecError
@@ -182,7 +182,8 @@ def run(args: argparse.Namespace) -> int:
                     "completion_lower_bound_s": round(clb, 3),
                     "policies": {k: r.to_dict() for k, r in results.items()},
                 }
-            )
+            ),
+            file=json_stream(),
         )
     else:
         print_table(results, lb)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ray_saturn.cli.args import json_stream
 from ray_saturn.runtime.api import run_status
 from ray_saturn.runtime.records import RunOutcome
 
@@ -34,7 +35,7 @@ def _eta(s: float | None) -> str:
 def run(args: argparse.Namespace) -> int:
     state = run_status(args.storage)
     if args.json:
-        print(json.dumps(state))
+        print(json.dumps(state), file=json_stream())
         return 0
     tasks = state.get("tasks", {})
     w = max([4] + [len(t) for t in tasks])
