@@ -229,6 +229,8 @@ def test_trials_are_planned_for_the_steps_asha_is_expected_to_let_them_train(fak
     for iteration, total in ((2, 80), (4, 120), (8, 160), (9, 160)):
         assert report("a", iteration, 0.5 / iteration) == "CONTINUE"
         assert s.controller.state("a").total_steps == total
+    # The planner knows what a trial may train past its horizon (all its steps if ASHA keeps it).
+    assert s._planner.extra_steps == {"a": 0, "b": 130}
     # Without ASHA (or with expect_early_stops=False) trials are planned for all their steps.
     plain = SaturnScheduler(scaling, base_scheduler=asha, cluster=ClusterSpec.uniform(1, 4), expect_early_stops=False)
     fifo = SaturnScheduler(scaling, cluster=ClusterSpec.uniform(1, 4))
@@ -236,6 +238,36 @@ def test_trials_are_planned_for_the_steps_asha_is_expected_to_let_them_train(fak
         other = fake_tune(sched)
         other.add(tid, {"steps": 160})
         assert other.step() == [tid] and sched.controller.state(tid).total_steps == 160
+
+
+def test_near_equal_plans_start_first_the_trial_that_may_train_longest():
+    # Two trials planned for 10 steps each on one GPU: either order ends at 20 s. z may train 100
+    # steps more (ASHA may keep it): started first, it would end at 110 s instead of 120 s.
+    from ray_saturn.context import PlanningContext
+
+    prof = ProfileTable.from_rows(
+        [{"task": n, "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 10} for n in ("a", "z")]
+    )
+    cluster = ClusterSpec.uniform(1, 1)
+    starts = {}
+    for extra in (None, {"z": 100}):
+        plan = planner_mod.quick_plan(prof, cluster, "saturn", PlanningContext(), extra_steps=extra)
+        assert plan.makespan_s == pytest.approx(20.0)
+        starts[bool(extra)] = {a.task: a.start_s for a in plan.assignments}
+    assert starts[False] == {"a": 0.0, "z": 10.0}  # without the extra steps: the names decide the tie
+    assert starts[True] == {"a": 10.0, "z": 0.0}
+    # Never more than SURVIVOR_TOLERANCE above the least makespan: b and c side by side on a 2-GPU
+    # node end at 100 s; c first on both GPUs, then b, would end c's 1000 extra steps at 687.5 s
+    # instead of 1100 s, but its plan ends at 162.5 s, 62.5% later than the best, so the best stays.
+    prof = ProfileTable.from_rows(
+        [
+            {"task": "b", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 100},
+            {"task": "c", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 100},
+            {"task": "c", "strategy": "ddp", "gpus": 2, "step_time_s": 0.625, "steps": 100},
+        ]
+    )
+    plan = planner_mod.quick_plan(prof, ClusterSpec.uniform(1, 2), "saturn", PlanningContext(), extra_steps={"c": 1000})
+    assert plan.makespan_s == pytest.approx(100.0) and plan.assignment("c").gpus == 1
 
 
 @pytest.mark.parametrize("latency_s, measure, moves", [(2.0, True, 1), (40.0, True, 0), (40.0, False, 1)])

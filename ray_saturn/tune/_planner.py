@@ -37,14 +37,14 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ray_saturn.context import Incumbent, PlanningContext
 from ray_saturn.plan import Plan
 
-__all__ = ["BackgroundPlanner", "PlannerStats", "incumbent_of", "quick_plan", "same_decisions"]
+__all__ = ["BackgroundPlanner", "PlannerStats", "incumbent_of", "quick_plan", "same_decisions", "survivor_makespan"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,9 @@ logger = logging.getLogger(__name__)
 NO_SEARCH_S = 1e-3
 #: The baselines whose schedules are candidates of every quick plan (each a list-scheduling pass).
 QUICK_BASELINES = ("fifo-fastest", "fifo-min-gpus", "fifo-whole-node", "optimus-greedy")
+#: How far above the least makespan a quick plan may be to end sooner should any one trial train
+#: past its horizon (see :func:`survivor_makespan`): the horizons are expectations, far less exact.
+SURVIVOR_TOLERANCE = 0.05
 
 
 def incumbent_of(plan: Plan) -> Incumbent:
@@ -74,11 +77,21 @@ def _policy_name(policy: Any) -> str:
 
 
 def quick_plan(
-    profile, cluster, policy: Any, context: PlanningContext, *, extra: Incumbent | None = None, seed: int = 0
+    profile,
+    cluster,
+    policy: Any,
+    context: PlanningContext,
+    *,
+    extra: Incumbent | None = None,
+    seed: int = 0,
+    extra_steps: Mapping[str, int] | None = None,
 ) -> Plan:
     """A plan in milliseconds: for ``saturn``, the best of the baselines' schedules and of the
     replays of ``context.incumbent`` and ``extra`` (for a completion-time objective, with the
     completion rules' first schedules, ranked by that objective); any other policy is itself that fast.
+
+    ``extra_steps``: per task, the steps it may train past the horizon it is planned for (a trial an
+    early-stopping scheduler keeps); see :func:`survivor_makespan` for how they rank the candidates.
 
     The lower bound is the cheap one (length, area, exclusive task; no LP).
     """
@@ -116,7 +129,7 @@ def quick_plan(
     options = getattr(policy, "options", None)
     objective = getattr(options, "objective", "makespan")
     if objective == "makespan":
-        best = min(candidates, key=lambda s: s.makespan)
+        best = _shortest(problem, candidates, extra_steps)
     else:
         from ray_saturn.solver.completion import completion_search
         from ray_saturn.solver.objective import task_weights
@@ -129,6 +142,51 @@ def quick_plan(
     plan = problem.to_plan(best, policy="saturn", lower_bound_s=bound.value, solve_time_s=time.perf_counter() - t0)
     validate_plan(plan, profile, cluster, context)
     return plan
+
+
+def survivor_makespan(problem, schedule, extra_steps: Mapping[str, int]) -> float:
+    """The schedule's end if every task trained its ``extra_steps`` too, each on its planned
+    configuration: when each trial alone survives, it ends at its start + its duration + those steps."""
+    end = 0.0
+    for t, name in enumerate(problem.tasks):
+        more = extra_steps.get(name, 0)
+        cfg = problem.options[t][schedule.option[t]].config
+        step = cfg.step_time_s or 0.0
+        end = max(end, schedule.start[t] + schedule.durations[t] + more * step)
+    return end
+
+
+def _shortest(problem, candidates: list, extra_steps: Mapping[str, int] | None):
+    """The candidate of the least makespan; with ``extra_steps``, among those within
+    :data:`SURVIVOR_TOLERANCE` of it, the one of the least :func:`survivor_makespan`.
+
+    The plan's horizons are what an early-stopping scheduler is *expected* to let each trial train,
+    so many orders and allotments share (nearly) the least expected makespan; what tells them apart
+    is the search's real end, set by the trial the scheduler keeps to the end. Started late or narrow,
+    that trial ends the search late (on the Tune benchmark, the longest task, kept for all its
+    reports and started on 1 GPU after most others had finished, set the search's end in every run
+    that missed its target). So among near-equal plans the one where every trial, were it the
+    survivor, ends soonest wins, and list schedules in the order of those survivor ends (longest
+    first, LPT on what each trial may still train) join the candidates.
+    """
+    from ray_saturn.solver.listsched import list_schedule
+
+    best = min(candidates, key=lambda s: s.makespan)
+    if not extra_steps or not any(extra_steps.get(t, 0) > 0 for t in problem.tasks):
+        return best
+
+    def potential(t: int, option: int) -> float:
+        o = problem.options[t][option]
+        return o.duration_s + extra_steps.get(problem.tasks[t], 0) * (o.config.step_time_s or 0.0)
+
+    more = []
+    for s in candidates:
+        order = sorted(range(problem.num_tasks), key=lambda t: (-potential(t, s.option[t]), t))
+        more.append(list_schedule(problem, s.option, order))
+    pool = candidates + more
+    least = min(s.makespan for s in pool)
+    near = [s for s in pool if s.makespan <= least * (1 + SURVIVOR_TOLERANCE) + 1e-9]
+    return min(near, key=lambda s: (survivor_makespan(problem, s, extra_steps), s.makespan))
 
 
 @dataclass(frozen=True)
@@ -306,6 +364,8 @@ class BackgroundPlanner:
         self.fresh = False
         self._candidate: _Call | None = None
         self._backend: _ActorBackend | _ThreadBackend | None = None
+        #: Per task, the steps it may train past its planned horizon (set by the caller; see quick_plan).
+        self.extra_steps: dict[str, int] = {}
 
     def __getstate__(self) -> dict:
         # Tune pickles its scheduler with the experiment: keep the plans, not the background.
@@ -317,7 +377,7 @@ class BackgroundPlanner:
     def __call__(self, profile, cluster, policy, *, context: PlanningContext, time_limit_s: float, seed: int = 0):
         t0 = time.perf_counter()
         extra = incumbent_of(self.newest) if self.fresh and self.newest is not None else None
-        plan = quick_plan(profile, cluster, policy, context, extra=extra, seed=seed)
+        plan = quick_plan(profile, cluster, policy, context, extra=extra, seed=seed, extra_steps=self.extra_steps)
         keep_comparison = self.allows_moves and bool(context.running) and not any(r.movable for r in context.running)
         if self.refine and _policy_name(policy) == "saturn" and not keep_comparison:
             self._candidate = _Call(profile, cluster, policy, context, seed)

@@ -366,6 +366,7 @@ class SaturnScheduler(TrialScheduler):
             if self._expect_early_stops and st.rows is not None:
                 st.stops = early_stop_model(self._base, trial.trial_id)
                 st.horizon = st.stops.horizon_steps(0, 0, None, st.rows.steps) if st.stops else None
+                self._set_extra_steps(st)
             # Held until the plan releases it: a PAUSED trial has no actor and no resources.
             trial.set_status(Trial.PAUSED)
             if st.rejected is not None:
@@ -725,9 +726,19 @@ class SaturnScheduler(TrialScheduler):
         grew = st.horizon is not None and horizon > st.horizon
         st.horizon = horizon
         self._ctl.set_total_steps(st.trial.trial_id, horizon)
+        self._set_extra_steps(st)
         if grew:
             return f"{st.trial.trial_id} passed a rung of {type(self._base).__name__} ({st.stops.time_attr}={t:g})"
         return None
+
+    def _set_extra_steps(self, st: _TrialState) -> None:
+        """Tell the planner how many steps past its horizon the trial may train (all of its steps if
+        the base scheduler keeps it): near-equal plans are ranked by when its end would be then."""
+        tid = st.trial.trial_id
+        if st.horizon is None or st.rows is None:
+            self._planner.extra_steps.pop(tid, None)
+        else:
+            self._planner.extra_steps[tid] = max(0, st.rows.steps - st.horizon)
 
     def _update_restart_cost(self) -> None:
         if not self._measure_restart:
