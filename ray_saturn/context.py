@@ -13,6 +13,11 @@ All times are seconds relative to the moment of planning ("now" = 0).
 - ``incumbent``: the plan being followed (each task's configuration, in
   planned start order). A solver decodes it for the new problem and keeps it
   as a candidate, so a re-plan is never predicted worse than carrying on.
+- ``area_share``: ``online`` objective, per task, the share (0..1) of the
+  jobs expected to arrive that would queue behind it (those larger than its
+  remaining work: shortest-remaining-work-first lets smaller ones pass it);
+  the arrival price of its GPU-seconds is scaled by it. A task not named
+  pays the whole price.
 
 Example:
     >>> ctx = PlanningContext(
@@ -97,11 +102,16 @@ class PlanningContext:
     running: tuple[RunningTask, ...] = ()
     node_available_s: Mapping[str, float] = field(default_factory=dict)
     incumbent: Incumbent | None = None
+    area_share: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "running", tuple(self.running))
         object.__setattr__(self, "release_s", dict(self.release_s))
         object.__setattr__(self, "node_available_s", dict(self.node_available_s))
+        object.__setattr__(self, "area_share", dict(self.area_share))
+        for key, value in self.area_share.items():
+            if not math.isfinite(value) or not 0 <= value <= 1:
+                raise SpecError(f"area_share[{key!r}] is {value}; give a share from 0 to 1")
         names = [r.task for r in self.running]
         if len(set(names)) != len(names):
             raise SpecError("a task is listed as running twice in the planning context")
@@ -118,6 +128,10 @@ class PlanningContext:
             if r.task == task:
                 return r
         return None
+
+    def share(self, task: str) -> float:
+        """``task``'s share of the arrival price of GPU-seconds (1 when not given)."""
+        return float(self.area_share.get(task, 1.0))
 
     def available(self, node: str) -> float:
         return float(self.node_available_s.get(node, 0.0))

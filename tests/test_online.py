@@ -19,7 +19,7 @@ from helpers import brute_force_total_completion, random_instance, rows_profile
 
 from ray_saturn import ClusterSpec, ProfileTable
 from ray_saturn.context import PlanningContext
-from ray_saturn.control import Controller, NodeAdded, TaskArrived, TaskFinished
+from ray_saturn.control import Controller, NodeAdded, TaskArrived, TaskFinished, Tick
 from ray_saturn.control.controller import ARRIVAL_WINDOW_S
 from ray_saturn.control.moves import decide_moves
 from ray_saturn.control.state import Placement
@@ -28,7 +28,7 @@ from ray_saturn.plan import Assignment, Plan
 from ray_saturn.sim import SimConfig, oracle_completion_bound, simulate
 from ray_saturn.solver import build_problem, solve
 from ray_saturn.solver.completion_bound import completion_lower_bound, srpt_total, wspt_mean_busy_bound
-from ray_saturn.solver.objective import objective_gain, parse_objective
+from ray_saturn.solver.objective import objective_gain, parse_objective, solver_policy
 from ray_saturn.spec import NodeSpec
 
 # ----------------------------------------------------------------- objective names
@@ -175,6 +175,56 @@ def test_objective_gain_respects_the_online_slack():
     assert objective_gain(keep, move, "makespan", {}) == pytest.approx(-10.0)
     assert objective_gain(keep, move, "completion", {}) == pytest.approx(70.0)
     assert objective_gain(keep, move, "online", {}) == pytest.approx(-10.0)  # 10% over: not worth it
+    # The other way round: a move that ends the run 10% sooner is made, though carrying on would
+    # finish the other task earlier (the search ranks plans that way; the gain used to be the
+    # completion difference, -70 s, so a re-plan after the arrivals kept a plan the search had beaten).
+    assert objective_gain(move, keep, "online", {}) == pytest.approx(10.0)
+    assert objective_gain(move, keep, "completion", {}) == pytest.approx(-70.0)
+    # While jobs arrive (an arrival price) there is no makespan guard: completion and priced GPU-seconds.
+    priced = objective_gain(move, keep, "online", {}, area_weight=0.5, area_share={"a": 0.0})
+    assert priced == pytest.approx(-70.0 + 0.5 * (10.0 - 90.0))
+
+
+def test_arrival_price_is_shared_by_the_jobs_that_would_queue_behind():
+    """A task's GPU-seconds are priced by the share of expected arrivals that are larger than it (SRPT
+    lets the smaller ones pass it): a job no arrival would wait for takes the fast, wide row; a job
+    every arrival would wait for takes the area-efficient one."""
+    profile = rows_profile(("long", [(1, 1.0), (4, 0.3)], 1000))  # 1 GPU: 1000 GPU-s; 4 GPUs: 1200
+    cluster = ClusterSpec.uniform(1, 4)
+    policy = solver_policy("saturn", objective="online", deterministic=True, area_weight=5.0)
+    gpus = {}
+    for share in (0.0, 1.0):
+        plan = solve(profile, cluster, policy, context=PlanningContext(area_share={"long": share}),
+                     time_limit_s=0.5, seed=0)
+        gpus[share] = plan.by_task()["long"].gpus
+    assert gpus == {0.0: 4, 1.0: 1}
+    with pytest.raises(SpecError, match="area_share"):
+        PlanningContext(area_share={"long": 1.5})
+
+
+def test_controller_shares_the_price_and_replans_when_it_lapses():
+    """The controller gives each task the share of the jobs arrived so far that are larger than its
+    remaining work; once no job has arrived for the pricing window it re-plans by itself (a wake-up),
+    with the makespan guard back on, instead of following a plan priced for arrivals that stopped."""
+    profile = rows_profile(("a", [(1, 1.0)], 500), ("big", [(1, 1.0)], 10_000), ("small", [(1, 1.0)], 50))
+    inputs = []
+    ctl = Controller(profile, ClusterSpec.uniform(1, 1), "saturn-replan", restart_s=1.0, solver_time_limit_s=0.5,
+                     objective="online", deterministic=True, on_plan=lambda plan, inp: inputs.append(inp))
+    ctl.start(0.0, arrived=["a"])
+    assert ctl.next_wakeup_s() is None  # only the first instant's arrivals: no price, nothing lapses
+    ctl.handle(TaskArrived(time_s=10.0, task="big"))
+    ctl.handle(TaskArrived(time_s=20.0, task="small"))
+    share = inputs[-1].context.area_share
+    # arrived: 500, 10,000, 50 GPU-s; "a" has 480 left
+    assert share == pytest.approx({"a": 2 / 3, "big": 0.0, "small": 2 / 3})
+    assert ctl._solver_policy.options.area_weight > 0
+    lapse = 20.0 + ARRIVAL_WINDOW_S
+    assert ctl.next_wakeup_s() == pytest.approx(lapse)
+    ctl.handle(Tick(time_s=lapse))
+    assert ctl.replans[-1].time_s == pytest.approx(lapse)
+    assert "arrival price lapsed" in ctl.replans[-1].reasons[0]
+    assert ctl._solver_policy.options.area_weight == 0 and inputs[-1].context.area_share == {}
+    assert ctl.next_wakeup_s() is None
 
 
 def test_controller_shrinks_a_long_job_for_a_short_arrival():
@@ -262,7 +312,10 @@ def test_simulated_online_run_beats_makespan_objective_on_arrivals():
     bound = oracle_completion_bound(profile, cluster, SimConfig(arrivals=arrivals))
     assert bound <= out["online"].mean_completion_s
     assert out["online"].mean_completion_s < out["makespan"].mean_completion_s
-    assert out["online"].makespan_s <= out["makespan"].makespan_s * 1.10
+    # While jobs arrive there is no makespan guard; the largest jobs, which no arrival queues behind,
+    # pay no arrival price and run on wide rows: 471 s mean and 2,275 s here, against 517 s and
+    # 1,964 s when every task paid the whole price, and 616 s and 2,041 s under ``makespan``.
+    assert out["online"].makespan_s <= out["makespan"].makespan_s * 1.15
 
 
 def test_weights_come_from_a_profile_column():

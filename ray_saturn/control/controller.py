@@ -21,11 +21,12 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ray_saturn import defaults
 from ray_saturn.context import Incumbent
@@ -233,6 +234,11 @@ class Controller:
         self._idle_seen: set[str] = set()
         self._last_replan_s: float | None = None
         self._now = 0.0
+        #: ``online``: per task, its share of the arrival price (set at each re-plan).
+        self._area_share: dict[str, float] = {}
+        self._least_area: dict[str, float] = {}
+        #: ``online``: when the arrival price of the plan being followed lapses (a re-plan then).
+        self._price_lapse_s: float | None = None
 
     # ------------------------------------------------------------ queries
     def state(self, task: str) -> TaskProgress:
@@ -284,6 +290,8 @@ class Controller:
         times = []
         if self._pending and self._last_replan_s is not None:
             times.append(self._last_replan_s + self._gap_now())
+        if self._price_lapse_s is not None and not self.done:
+            times.append(max(self._price_lapse_s, self._now))
         if self.first_makespan_s is not None and not self.done:
             t = self.policy.next_tick_s(self._tick_base_s, self.first_makespan_s)
             if t is not None:
@@ -408,6 +416,10 @@ class Controller:
                 self._pending.append((reason, isinstance(ev, TaskOffEstimate)))
         now = self._now
         actions: list[Action] = []
+        if self._price_lapse_s is not None and now >= self._price_lapse_s - 1e-9:
+            # The plan was priced for arrivals that have stopped: plan again with the makespan guard.
+            self._price_lapse_s = None
+            self._pending.append(("no arrival for the pricing window: the arrival price lapsed", False))
         if not self._pending and self._tick_due(now):
             self._pending.append((self.policy.wants_replan(Tick(time_s=now), self._view()) or "tick", False))
         actions.extend(self._replan_if_due(now))
@@ -542,6 +554,7 @@ class Controller:
             only=self._window,
             incumbent=self._incumbent(),
             pinned=pinned,
+            area_share=self._area_share,
         )
 
     def _incumbent(self) -> Incumbent | None:
@@ -586,6 +599,7 @@ class Controller:
             return []
         moves_ok = self.policy.allows_moves
         self._window = self._choose_window(queued)
+        self._area_share = {}
         inp = self._input(now, movable=moves_ok)
         if inp is None:
             self._last_replan_s = now
@@ -596,6 +610,10 @@ class Controller:
         }
         limit = self.solver_time_limit_s
         area_weight = self._future_load(inp, now)
+        self._price_lapse_s = self._price_lapse() if area_weight > 0 else None
+        if area_weight > 0:
+            self._area_share = self._shares(inp)
+            inp = replace(inp, context=replace(inp.context, area_share=self._area_share))
         if self.objective == "online":  # priced by the present arrival rate (0 once arrivals stop)
             self._solver_policy = solver_policy(
                 self.policy.solver_policy, objective=self.objective, deterministic=self._deterministic,
@@ -609,7 +627,7 @@ class Controller:
             keep_inp = self._input(now, movable=False)
             assert keep_inp is not None
             keep = self._call_solver(keep_inp, max(0.1, limit / 2))
-            gain = objective_gain(keep, plan, self.objective, self._weights, area_weight)
+            gain = objective_gain(keep, plan, self.objective, self._weights, area_weight, self._area_share)
             decisions = decide_moves(
                 running, plan, keep.makespan_s, self._move_costs(running, plan), gain_s=gain
             )
@@ -690,6 +708,38 @@ class Controller:
             min(c.runtime_s * c.gpus for c in inp.profile.configs(t, feasible_only=True)) for t in inp.tasks
         )
         return rate * (work / gpus) / gpus
+
+    def _least(self, task: str) -> float:
+        """``task``'s least GPU-seconds over its feasible rows of the original profile."""
+        v = self._least_area.get(task)
+        if v is None:
+            rows = self.profile.configs(task, feasible_only=True)
+            v = self._least_area[task] = min(c.runtime_s * c.gpus for c in rows)
+        return v
+
+    def _shares(self, inp: ReplanInput) -> dict[str, float]:
+        """``online``: per task of ``inp``, the share of the jobs arrived so far that are larger
+        (least GPU-seconds) than its remaining work: of the jobs to come, those would queue behind
+        it under shortest-remaining-work-first, the smaller ones pass it, so only the larger ones
+        wait for the GPU-seconds it holds."""
+        sizes = sorted(self._least(p.task) for p in self.tasks.values() if p.arrived_s is not None)
+        if not sizes:
+            return {}
+        out = {}
+        for t in inp.tasks:
+            mine = min(c.runtime_s * c.gpus for c in inp.profile.configs(t, feasible_only=True))
+            out[t] = (len(sizes) - bisect.bisect_right(sizes, mine)) / len(sizes)
+        return out
+
+    def _price_lapse(self) -> float | None:
+        """When :meth:`_future_load` drops to 0 if nothing else arrives: the last arrival (those at
+        the run's first instant excepted) + :data:`ARRIVAL_WINDOW_S`."""
+        times = [p.arrived_s for p in self.tasks.values() if p.arrived_s is not None]
+        if not times:
+            return None
+        first = min(times)
+        later = [t for t in times if t > first]
+        return max(later) + ARRIVAL_WINDOW_S if later else None
 
     def _planned_from(self, a, now: float) -> PlannedTask:
         return PlannedTask(

@@ -118,6 +118,7 @@ def build_replan_input(
     only: Collection[str] | None = None,
     incumbent: Incumbent | None = None,
     pinned: Collection[str] = (),
+    area_share: Mapping[str, float] | None = None,
 ) -> ReplanInput | None:
     """The solver input for the queued and running tasks at ``now_s`` (``None`` if there are none).
 
@@ -125,7 +126,8 @@ def build_replan_input(
     ``cluster`` the nodes alive now; ``only``, if given, limits the queued
     tasks to those named (a rolling-horizon window; running tasks are always in);
     ``incumbent`` the plan being followed, passed on to the solver;
-    ``pinned`` running tasks that stay where they run even when ``movable``.
+    ``pinned`` running tasks that stay where they run even when ``movable``;
+    ``area_share`` the context's per-task share of the arrival price (tasks of the input only).
 
     Example:
         >>> prof = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 1,
@@ -179,7 +181,9 @@ def build_replan_input(
                 )
             )
     table = ProfileTable.from_configs(rows, source=f"{profile.source}@{now_s:.0f}s")
-    ctx = PlanningContext(running=tuple(running), incumbent=incumbent)
+    names = {p.task for p in active}
+    share = {t: v for t, v in (area_share or {}).items() if t in names}
+    ctx = PlanningContext(running=tuple(running), incumbent=incumbent, area_share=share)
     return ReplanInput(now_s, table, cluster, ctx, tuple(p.task for p in active))
 
 

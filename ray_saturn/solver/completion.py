@@ -66,6 +66,7 @@ class CompletionResult:
     evaluated: int
 
 
+
 def objective_value(problem: Problem, sched: Schedule, objective: str, weights: Sequence[float]) -> float:
     """The schedule's value for ``objective`` (makespan, or weighted sum of ends)."""
     if objective == "makespan":
@@ -78,6 +79,14 @@ def schedule_area(problem: Problem, sched: Schedule) -> float:
     """GPU-seconds the schedule holds."""
     return float(sum(problem.options[t][o].gpus * d for t, (o, d) in enumerate(zip(sched.option, sched.durations,
                                                                                    strict=True))))
+
+
+def priced_area(problem: Problem, sched: Schedule) -> float:
+    """GPU-seconds the schedule holds, each task's scaled by its share of the arrival price
+    (:attr:`~ray_saturn.context.PlanningContext.area_share`; 1 when not given)."""
+    ctx = problem.context
+    return float(sum(ctx.share(problem.tasks[t]) * problem.options[t][o].gpus * d
+                     for t, (o, d) in enumerate(zip(sched.option, sched.durations, strict=True))))
 
 
 def completion_schedule(
@@ -226,6 +235,9 @@ def completion_search(
     set the best makespan the ``online`` objective stays close to, and are
     candidates themselves. ``pause``: running tasks may be stopped to restart
     later (default: for ``online``); see :func:`completion_schedule`.
+    ``area_weight``: task-seconds charged per GPU-second a plan uses (the wait
+    it causes jobs expected to arrive), scaled per task by the context's
+    ``area_share`` (the share of those jobs that would queue behind it).
     """
     if objective not in ("completion", "online"):
         raise ValueError(f"completion_search optimises completion or online, not {objective}")
@@ -260,7 +272,7 @@ def completion_search(
         over = s.makespan > limit
         if over:
             return (1, s.makespan)
-        return (0, objective_value(problem, s, "completion", weights) + area_weight * schedule_area(problem, s))
+        return (0, objective_value(problem, s, "completion", weights) + area_weight * priced_area(problem, s))
 
     pool = [(score(s), s, order, e, keep) for s, order, e, keep in cands]
     pool += [(score(s), s, None, None, None) for s in reference]

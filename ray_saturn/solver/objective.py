@@ -8,7 +8,10 @@
 - ``online``: completion time among plans whose makespan is within
   :data:`ONLINE_SLACK` of the best makespan found: short jobs first without
   letting the last job finish much later. The default for online use (jobs
-  arriving over time, e.g. a Tune search).
+  arriving over time, e.g. a Tune search). While jobs arrive, the makespan
+  guard is off and a plan's GPU-seconds are priced instead by the wait they
+  cause the jobs expected to arrive: each task's by the share of those that
+  would queue behind it (the larger ones).
 
 Completion times are measured from time 0 of the plan; a task's release does
 not change which plan is better (it is the same for every plan), so
@@ -41,6 +44,7 @@ __all__ = [
 OBJECTIVES = ("makespan", "completion", "online")
 #: ``online``: a plan's makespan may exceed the best one found by this fraction.
 ONLINE_SLACK = 0.03
+
 
 
 def parse_objective(name: str | None) -> str:
@@ -81,23 +85,40 @@ def plan_ends(plan) -> dict[str, float]:
     return {a.task: a.end_s for a in plan.assignments}
 
 
-def plan_area(plan) -> float:
-    """GPU-seconds the plan holds."""
-    return sum(a.gpus * (a.end_s - a.start_s) for a in plan.assignments)
+def plan_area(plan, share: Mapping[str, float] | None = None) -> float:
+    """GPU-seconds the plan holds; with ``share``, each task's scaled by its share (1 if not named)."""
+    share = share or {}
+    return sum(share.get(a.task, 1.0) * a.gpus * (a.end_s - a.start_s) for a in plan.assignments)
 
 
-def objective_gain(keep, move, objective: str, weights: Mapping[str, float], area_weight: float = 0.0) -> float:
+def objective_gain(
+    keep,
+    move,
+    objective: str,
+    weights: Mapping[str, float],
+    area_weight: float = 0.0,
+    area_share: Mapping[str, float] | None = None,
+) -> float:
     """How much better plan ``move`` is than plan ``keep`` for ``objective`` (seconds; weighted
-    task-seconds for completion). For ``online``, a plan whose makespan exceeds ``keep``'s by more
-    than :data:`ONLINE_SLACK` is worse by its makespan excess, whatever its completion times."""
+    task-seconds for completion). ``area_weight`` prices the GPU-seconds each plan uses, per task
+    scaled by ``area_share`` (see :func:`~ray_saturn.solver.completion.completion_search`).
+
+    For ``online`` without an arrival price (the makespan guard is on), the two plans are ranked
+    as the search ranks them: one whose makespan exceeds the other's by more than
+    :data:`ONLINE_SLACK` is worse by the makespan difference, whatever its completion times (so a
+    move that ends the run much sooner is made even when carrying on finishes the others earlier);
+    within the slack, by completion times."""
     if objective == "makespan":
         return keep.makespan_s - move.makespan_s
 
     def total(plan) -> float:
-        return sum(weights.get(t, 1.0) * e for t, e in plan_ends(plan).items()) + area_weight * plan_area(plan)
+        return (sum(weights.get(t, 1.0) * e for t, e in plan_ends(plan).items())
+                + area_weight * plan_area(plan, area_share))
 
     guard = objective == "online" and area_weight <= 0
     if guard and move.makespan_s > keep.makespan_s * (1 + ONLINE_SLACK) + 1e-9:
+        return keep.makespan_s - move.makespan_s
+    if guard and keep.makespan_s > move.makespan_s * (1 + ONLINE_SLACK) + 1e-9:
         return keep.makespan_s - move.makespan_s
     return total(keep) - total(move)
 

@@ -163,8 +163,10 @@ class SaturnPolicy(Policy):
             )
             reference.append(heur.schedule)
         weights = task_weights(problem.profile, problem.tasks)
+        # Deterministic: the search's own evaluation budget decides; the clock is only a safety net.
+        limit = max(10.0, SAFETY_FACTOR * time_limit_s) if self.deterministic else time_limit_s
         found = completion_search(problem, self.options.objective, weights, reference=reference,
-                                  area_weight=self.options.area_weight, time_limit_s=time_limit_s)
+                                  area_weight=self.options.area_weight, time_limit_s=limit)
         if on_schedule:
             on_schedule(found.schedule)
         return PolicyResult(found.schedule)
