@@ -121,9 +121,26 @@ def test_failures_and_hangs_become_infeasible_rows(ray_local):
 
 @pytest.mark.ray
 def test_memory_limit_makes_a_configuration_infeasible(ray_local):
-    result = Profiler(CLUSTER, strategies=["single"], memory_limit_gb=1e-9, **FAST).run([mlp_task("m")])
-    row = result.table.get("m", "single", 1)
-    assert not row.feasible and "exceeds the 1e-09 GB per GPU" in row.reason
+    tasks = [mlp_task("m"), mlp_task("n", width=48)]
+    result = Profiler(CLUSTER, strategies=["single", "ddp"], memory_limit_gb=1e-9, **FAST).run(tasks)
+    for task in ("m", "n"):
+        for strategy, gpus in (("single", 1), ("ddp", 2)):
+            row = result.table.get(task, strategy, gpus)
+            assert not row.feasible and "exceeds the 1e-09 GB per GPU" in row.reason
+    # Refused by the budget after measuring: a 2-GPU group is intact and its workers are lent on.
+    assert result.trials_run == 4 and result.workers_started == 2
+
+
+def test_only_a_search_that_raised_ends_its_workers():
+    from ray_saturn.profiler.pool import group_intact
+    from ray_saturn.strategies.base import Infeasible, SearchResult, Trial
+
+    measured = Trial({}, 0.1, 0.5, "peak memory 0.50 GB exceeds the 0.1 GB per GPU")
+    raised = Trial({"micro_batches": 2}, None, None, "RuntimeError: connection closed by peer")
+    assert group_intact(SearchResult("ddp", 2, {}, 0.1, 0.5, (Trial({}, 0.1, 0.5),)))
+    assert group_intact(Infeasible("ddp", 2, "no knob setting ran", (measured,)))
+    assert group_intact(Infeasible("ddp", 2, "needs an even batch"))  # never started a setting
+    assert not group_intact(Infeasible("ddp", 2, "no knob setting ran", (measured, raised)))
 
 
 @pytest.mark.ray

@@ -25,11 +25,21 @@ from ray_saturn.profiler.store import ProfileStore, StoredTrial
 from ray_saturn.profiler.trials import RunningTrial, TrialSpec, WarmWorkers, launch, launch_warm
 from ray_saturn.spec import ClusterSpec
 
-__all__ = ["PoolOutcome", "TrialPool"]
+__all__ = ["PoolOutcome", "TrialPool", "group_intact"]
 
 log = logging.getLogger(__name__)
 
 TrialKey = tuple[str, str, int, int]
+
+
+def group_intact(outcome: Any) -> bool:
+    """Whether a multi-GPU trial's workers may be lent to the next trial: a search that ran every
+    knob setting to the end (feasible, or refused by the memory budget after measuring) or never
+    started one leaves their process group as it was; a setting that raised may have left a
+    collective half done, so those workers are ended."""
+    if outcome.feasible:
+        return True
+    return all(t.step_time_s is not None for t in getattr(outcome, "trials", ()))
 
 
 @dataclass
@@ -179,8 +189,7 @@ class TrialPool:
                         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
                         fail(chain, trial, f"trial worker died: {first}")
                         continue
-                    # a worker group whose collective search failed may hold a broken group: not lent again
-                    healthy = outcome.feasible or trial.spec.gpus == 1
+                    healthy = trial.spec.gpus == 1 or group_intact(outcome)
                     finish(chain, trial, outcome, trial.gpu_seconds(), costs, healthy)
             for ref, (chain, trial) in list(waiting_pg.items()):
                 # our own running trials may hold the bundles it waits for: only time it out when
