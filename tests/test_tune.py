@@ -696,7 +696,11 @@ def test_tuner_with_asha_runs_every_trial_within_the_cluster(local_ray, tmp_path
     assert any(r.config["width"] == 64 and r.config["_saturn"]["strategy"] == "ddp" for r in grid)
     assert all(r.config["_saturn"]["strategy"] == "single" for r in grid if r.config["width"] == 16)
     iters = sorted(r.metrics["training_iteration"] for r in grid)
-    assert iters[-1] == 4 and iters[0] < 4  # ASHA stopped some trials early, others ran to max_t
+    # Each trial ran to max_t or was stopped by ASHA at a rung (1 or 2 iterations), none errored.
+    # Which ones ASHA stops depends on the order their results arrive (the first at a rung always
+    # goes on), so a run where it stops none is possible; the STOP path itself is asserted with a
+    # fixed order in test_trials_are_planned_for_the_steps_asha_is_expected_to_let_them_train.
+    assert iters[-1] == 4 and set(iters) <= {1, 2, 4}
     used, peak = _in_use(scheduler.gpu_events)
     assert used == 0 and 0 < peak <= 4
     # One bundle per placement group, no nested ones; nothing holds GPUs afterwards.
