@@ -66,7 +66,6 @@ class CompletionResult:
     evaluated: int
 
 
-
 def objective_value(problem: Problem, sched: Schedule, objective: str, weights: Sequence[float]) -> float:
     """The schedule's value for ``objective`` (makespan, or weighted sum of ends)."""
     if objective == "makespan":

@@ -46,7 +46,6 @@ OBJECTIVES = ("makespan", "completion", "online")
 ONLINE_SLACK = 0.03
 
 
-
 def parse_objective(name: str | None) -> str:
     """The objective's canonical name; a one-line error naming the choices otherwise."""
     value = (name or "makespan").strip().lower()
