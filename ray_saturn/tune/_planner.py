@@ -180,9 +180,9 @@ def _shortest(problem, candidates: list, extra_steps: Mapping[str, int] | None):
         return o.duration_s + extra_steps.get(problem.tasks[t], 0) * (o.config.step_time_s or 0.0)
 
     more = []
-    for s in candidates:
-        order = sorted(range(problem.num_tasks), key=lambda t: (-potential(t, s.option[t]), t))
-        more.append(list_schedule(problem, s.option, order))
+    for choice in dict.fromkeys(tuple(s.option) for s in candidates):  # one schedule per distinct allotment
+        order = sorted(range(problem.num_tasks), key=lambda t: (-potential(t, choice[t]), t))
+        more.append(list_schedule(problem, list(choice), order))
     pool = candidates + more
     least = min(s.makespan for s in pool)
     near = [s for s in pool if s.makespan <= least * (1 + SURVIVOR_TOLERANCE) + 1e-9]
