@@ -713,8 +713,7 @@ class Controller:
         """``task``'s least GPU-seconds over its feasible rows of the original profile."""
         v = self._least_area.get(task)
         if v is None:
-            rows = self.profile.configs(task, feasible_only=True)
-            v = self._least_area[task] = min(c.runtime_s * c.gpus for c in rows)
+            v = self._least_area[task] = _least_gpu_seconds(self.profile, task)
         return v
 
     def _shares(self, inp: ReplanInput) -> dict[str, float]:
@@ -727,7 +726,7 @@ class Controller:
             return {}
         out = {}
         for t in inp.tasks:
-            mine = min(c.runtime_s * c.gpus for c in inp.profile.configs(t, feasible_only=True))
+            mine = _least_gpu_seconds(inp.profile, t)
             out[t] = (len(sizes) - bisect.bisect_right(sizes, mine)) / len(sizes)
         return out
 
@@ -800,3 +799,8 @@ class Controller:
                 )
             )
         return out
+
+
+def _least_gpu_seconds(profile: ProfileTable, task: str) -> float:
+    """``task``'s least GPU-seconds (runtime x GPUs) over its feasible rows of ``profile``."""
+    return min(c.runtime_s * c.gpus for c in profile.configs(task, feasible_only=True))

@@ -74,12 +74,6 @@ def objective_value(problem: Problem, sched: Schedule, objective: str, weights: 
     return weighted_completion(ends, weights)
 
 
-def schedule_area(problem: Problem, sched: Schedule) -> float:
-    """GPU-seconds the schedule holds."""
-    return float(sum(problem.options[t][o].gpus * d for t, (o, d) in enumerate(zip(sched.option, sched.durations,
-                                                                                   strict=True))))
-
-
 def priced_area(problem: Problem, sched: Schedule) -> float:
     """GPU-seconds the schedule holds, each task's scaled by its share of the arrival price
     (:attr:`~ray_saturn.context.PlanningContext.area_share`; 1 when not given)."""

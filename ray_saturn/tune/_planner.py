@@ -147,13 +147,16 @@ def quick_plan(
 def survivor_makespan(problem, schedule, extra_steps: Mapping[str, int]) -> float:
     """The schedule's end if every task trained its ``extra_steps`` too, each on its planned
     configuration: when each trial alone survives, it ends at its start + its duration + those steps."""
-    end = 0.0
-    for t, name in enumerate(problem.tasks):
-        more = extra_steps.get(name, 0)
-        cfg = problem.options[t][schedule.option[t]].config
-        step = cfg.step_time_s or 0.0
-        end = max(end, schedule.start[t] + schedule.durations[t] + more * step)
-    return end
+    return max(
+        (schedule.start[t] + schedule.durations[t] + _extra_s(problem, t, o, extra_steps)
+         for t, o in enumerate(schedule.option)),
+        default=0.0,
+    )
+
+
+def _extra_s(problem, t: int, option: int, extra_steps: Mapping[str, int]) -> float:
+    """Seconds task ``t``'s extra steps take on ``option``."""
+    return extra_steps.get(problem.tasks[t], 0) * (problem.options[t][option].config.step_time_s or 0.0)
 
 
 def _shortest(problem, candidates: list, extra_steps: Mapping[str, int] | None):
@@ -176,8 +179,7 @@ def _shortest(problem, candidates: list, extra_steps: Mapping[str, int] | None):
         return best
 
     def potential(t: int, option: int) -> float:
-        o = problem.options[t][option]
-        return o.duration_s + extra_steps.get(problem.tasks[t], 0) * (o.config.step_time_s or 0.0)
+        return problem.options[t][option].duration_s + _extra_s(problem, t, option, extra_steps)
 
     more = []
     for choice in dict.fromkeys(tuple(s.option) for s in candidates):  # one schedule per distinct allotment
