@@ -107,7 +107,7 @@ def test_failures_and_hangs_become_infeasible_rows(ray_local):
         faulty_task("hangs", "hang"),
         mlp_task("fine"),
     ]
-    result = Profiler(CLUSTER, strategies=["single"], trial_timeout_s=25, **FAST).run(tasks)
+    result = Profiler(CLUSTER, strategies=["single"], trial_timeout_s=12, **FAST).run(tasks)
     t = result.table
     reasons = {name: t.get(name, "single", 1).reason or "" for name in ("raises", "ooms", "hangs")}
     assert not any(t.get(name, "single", 1).feasible for name in reasons)

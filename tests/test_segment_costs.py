@@ -114,36 +114,28 @@ def test_knobs_for_is_the_one_reader_of_the_knobs_column():
 
 
 @pytest.mark.ray
-def test_profile_has_start_up_and_checkpoint_columns(tmp_path):
-    with local_ray(num_gpus=1, num_cpus=1):
+def test_profile_has_start_up_and_checkpoint_columns_probed_side_by_side(tmp_path):
+    """Two tasks on 2 logical GPUs: two trainers started at once; the profile's start-up is theirs, kept
+    under 2 (tasks differing only in learning rate: one trial measures both). One Ray start for all of it."""
+    with local_ray(num_gpus=2, num_cpus=2):
         store = str(tmp_path / "store.parquet")
         kw = {"strategies": ["single"], "warmup": 1, "steps": 2, "min_measure_s": 0.0, "store": store}
-        table = Profiler(ClusterSpec.from_ray(), **kw).run([mlp_task("m")]).table
+        table = Profiler(ClusterSpec.from_ray(), **kw).run([mlp_task("m"), mlp_task("m2", lr=0.02)]).table
         row = table.get("m", "single", 1)
         # Ray Train's start (seconds on any machine) plus the model's set-up; a save and a load.
         assert row.startup_s > 1.0 and row.checkpoint_save_s > 0 and row.checkpoint_load_s > 0
         assert row.runtime_s == pytest.approx(row.startup_s + row.steps * row.step_time_s)
         # Step times as a segment steps: the trial's times the probe's step factor.
-        cols = table.to_arrow().to_pylist()[0]
+        cols = next(r for r in table.to_arrow().to_pylist() if r["task"] == "m")
         assert 0.5 <= cols["step_factor"] <= 3.0
         assert row.step_time_s == pytest.approx(cols["trial_step_time_s"] * cols["step_factor"])
-        # The probe is kept in the store: a second profile of another task skips it.
-        t0 = time.monotonic()
-        again = Profiler(ClusterSpec.from_ray(), **kw).run([mlp_task("n", width=48)]).table
-        assert time.monotonic() - t0 < row.startup_s + 30
-        assert again.get("n", "single", 1).startup_s > 1.0
-
-
-@pytest.mark.ray
-def test_start_up_probe_side_by_side_on_two_gpus(tmp_path):
-    """Two tasks on 2 logical GPUs: two trainers started at once; the profile's start-up is theirs, kept
-    under 2 (tasks differing only in learning rate: one trial measures both)."""
-    with local_ray(num_gpus=2, num_cpus=2):
-        store = str(tmp_path / "store.parquet")
-        result = Profiler(ClusterSpec.from_ray(), strategies=["single"], warmup=1, steps=2, min_measure_s=0.0,
-                          store=store).run(
-            [mlp_task("m"), mlp_task("m2", lr=0.02)]
-        )
+        # The probe ran two trainers side by side (a run on 2 GPUs starts two 1-GPU segments at once).
         (kept,) = json.loads(Path(ProfileStore(store).startup_path).read_text())
         assert (kept["gpus"], kept["side_by_side"]) == (1, 2) and kept["start_s"] > 1.0 and kept["stop_s"] > 0
-        assert result.table.get("m2", "single", 1).startup_s >= kept["start_s"]
+        assert table.get("m2", "single", 1).startup_s >= kept["start_s"]
+        # The probe is kept in the store: a second profile of other tasks skips it.
+        t0 = time.monotonic()
+        again = Profiler(ClusterSpec.from_ray(), **kw).run([mlp_task("n", width=48), mlp_task("n2", width=40)]).table
+        assert time.monotonic() - t0 < row.startup_s + 30
+        assert again.get("n", "single", 1).startup_s > 1.0
+        assert len(json.loads(Path(ProfileStore(store).startup_path).read_text())) == 1

@@ -67,7 +67,7 @@ def check_realised(result, profile: ProfileTable, cluster: ClusterSpec, arrivals
 @pytest.mark.parametrize("seed", [0, 1])
 def test_every_plan_of_every_policy_is_valid_and_the_run_is_consistent(seed):
     profile, cluster = moldable_profile(12, 2, 4, seed=seed)
-    cfg = SimConfig(noise=0.3, seed=seed, restart_s=20.0, solver_time_limit_s=0.3, keep_plans=True)
+    cfg = SimConfig(noise=0.3, seed=seed, restart_s=20.0, solver_time_limit_s=0.1, keep_plans=True)
     results = compare(profile, cluster, POLICIES, cfg)
     assert list(results) == POLICIES
     lb = oracle_lower_bound(profile, cluster, cfg)
@@ -98,7 +98,7 @@ def test_same_seed_same_run():
     cfg = SimConfig(
         noise=0.2,
         seed=3,
-        solver_time_limit_s=0.3,
+        solver_time_limit_s=0.1,
         deterministic=True,
         arrivals=parse_arrivals("poisson:20", profile, seed=3),
     )
