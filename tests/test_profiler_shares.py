@@ -108,18 +108,17 @@ def test_shares_that_cannot_be_measured_or_do_not_fit_are_reported_and_not_run(m
 
 
 def test_share_rows_carry_the_whole_gpu_row_with_the_share_measured():
-    whole = StoredTrial("s", "single", 1, 1, 0.010, True, 0.2, None, '{"k": 1}', 1.0, 0.5, 0.1, 0.2, 0.002)
     row = {"task": "a", "strategy": "single", "gpus": 1, "nodes": 1, "step_time_s": 0.024, "steps": 10,
            "feasible": True, "peak_mem_gb": 0.2, "knobs": '{"k": 1}', "signature": "s", "cached": False,
            "cost_gpu_s": 1.0, "startup_s": 3.0, "trial_step_time_s": 0.012, "step_factor": 2.0}
     ok = StoredShare("s", "single", 2, 0.016, 0.015, 0.21, 10.0, None, 2.5)
     big = StoredShare("s", "single", 4, None, None, 0.21, 0.5, "4 copies x ...", 0.0)
-    rows = profiler_mod._share_rows(row, whole, [ok, big], {ok.key})
+    rows = profiler_mod._share_rows(row, [ok, big], {ok.key})
     assert len(rows) == 1
     r = rows[0]
     assert (r["gpus"], r["nodes"], r["peak_mem_gb"], r["device_mem_gb"], r["cached"]) == (0.5, 1, 0.21, 10.0, True)
-    assert r["trial_step_time_s"] == pytest.approx(0.018)  # the share's step + the whole row's data time
-    assert r["step_time_s"] == pytest.approx(0.036)  # times the whole row's step factor
+    assert r["trial_step_time_s"] == pytest.approx(0.016)  # the copies' batch draws are in their steps
+    assert r["step_time_s"] == pytest.approx(0.032)  # times the whole row's step factor
     assert (r["startup_s"], r["knobs"], r["cost_gpu_s"]) == (3.0, '{"k": 1}', 2.5)
     table = ProfileTable.from_rows([row, r])
     share = table.get("a", "single", 0.5)

@@ -506,7 +506,7 @@ class Profiler:
                     row["checkpoint_load_s"] = t.checkpoint_load_s if t.checkpoint_load_s is not None else load
                 rows.append(row)
                 if (t.strategy, t.gpus, t.nodes) == (SHARE_STRATEGY, 1, 1) and t.feasible and shares is not None:
-                    rows.extend(_share_rows(row, t, shares.found.get(sig, []), shares.cached))
+                    rows.extend(_share_rows(row, shares.found.get(sig, []), shares.cached))
             if not found:
                 names = ", ".join(self._strategies_for(task))
                 rows.append(
@@ -541,16 +541,16 @@ class _Shares:
 
 
 def _share_rows(
-    whole_row: Mapping[str, Any], whole_trial: StoredTrial, shares: Sequence[StoredShare], cached: set
+    whole_row: Mapping[str, Any], shares: Sequence[StoredShare], cached: set
 ) -> list[dict[str, Any]]:
     """The feasible shares as rows: the whole-GPU ``single`` row's columns with the share's
-    ``gpus``, step time (its data time and step factor as the whole row's), peak memory per copy,
-    cost, and ``device_mem_gb``."""
+    ``gpus``, step time (its batch draws measured with it; the whole row's step factor), peak memory
+    per copy, cost, and ``device_mem_gb``."""
     out = []
     for share in shares:
         if not share.feasible or share.step_time_s is None:
             continue
-        trial_step = share.step_time_s + (whole_trial.data_s or 0.0)
+        trial_step = share.step_time_s
         row = dict(whole_row)
         row.update(
             gpus=SHARES[share.copies],

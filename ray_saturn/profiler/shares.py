@@ -18,7 +18,10 @@ configuration (a share is a one-process job) on ``gpus`` = 1/k:
   once every copy is ready they all start timing at the same wall-clock
   moment and step for the same window (long enough for about ``steps`` steps
   each at k times the whole-GPU step time, at least ``min_measure_s``). A
-  copy's step time is the median of its steps that began in the window; the
+  copy's step time is the wall time of its steps over their number (batch
+  draws included, as in a run; not the median of single steps: a device or
+  a core shared by time slices serves a copy's step whole and then makes it
+  wait, so only the throughput shows the sharing); the
   share's is the **slowest copy's** (the max): the copies are the same job,
   so they differ only by how the device happened to serve them, and a plan
   that puts k jobs on one device waits for the slowest. The mean is logged
@@ -160,7 +163,7 @@ class ShareSpec:
 
 @dataclass(frozen=True)
 class CopyResult:
-    """What one copy measured: its median step time in the window, steps timed, peak GB, its GPU."""
+    """What one copy measured: its step time over the window, steps timed, peak GB, its GPU ids."""
 
     step_time_s: float
     steps: int
@@ -224,7 +227,8 @@ class _CopyWorker:
         return device_memory_gb()
 
     def timed(self, start_at: float, window: float) -> CopyResult:
-        """Step from wall-clock ``start_at`` for ``window`` s; the median of the steps begun in it."""
+        """Step from wall-clock ``start_at`` until ``window`` s have passed: the wall time of the steps
+        (batch draws included) over their number."""
         import ray
         import torch
 
@@ -233,22 +237,22 @@ class _CopyWorker:
         assert self._runner is not None and self._stream is not None
         time.sleep(max(0.0, start_at - time.time()))
         end = start_at + window
-        times: list[float] = []
+        steps = 0
         try:
-            while not times or time.time() < end:
-                batch = next(self._stream)
+            synchronize(self._device)
+            t0 = time.perf_counter()
+            while not steps or time.time() < end:
+                self._runner.step(next(self._stream))
                 synchronize(self._device)
-                t0 = time.perf_counter()
-                self._runner.step(batch)
-                synchronize(self._device)
-                times.append(time.perf_counter() - t0)
+                steps += 1
+            elapsed = time.perf_counter() - t0
             if self._device.type == "cuda":
                 self._peak_gb = torch.cuda.max_memory_allocated(self._device) / 1e9
         finally:
             self._runner.close()
             self._runner = self._stream = None
             gc.collect()
-        return CopyResult(statistics.median(times), len(times), self._peak_gb, tuple(ray.get_gpu_ids()))
+        return CopyResult(elapsed / steps, steps, self._peak_gb, tuple(ray.get_gpu_ids()))
 
 
 def _first_line(exc: BaseException) -> str:
