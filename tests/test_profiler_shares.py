@@ -107,6 +107,36 @@ def test_shares_that_cannot_be_measured_or_do_not_fit_are_reported_and_not_run(m
     assert not table.has_shares and not any(c.is_share for c in table)
 
 
+def test_measured_copies_that_do_not_fit_or_failed_are_reported_not_written(monkeypatch):
+    from ray_saturn.profiler.shares import CopyResult, ShareOutcome
+
+    monkeypatch.setattr(profiler_mod, "query_device_memory_gb", lambda timeout_s: 1.0)
+
+    def measured_copies(specs, *a, **k):
+        fits, grew, failed = (ShareOutcome(s) for s in specs)
+        for o, peak in ((fits, 0.2), (grew, 0.7)):  # 0.7 GB per copy: 2 do not fit the 1 GB device
+            o.copies = [CopyResult(0.02, 9, peak, ("0",)), CopyResult(0.03, 7, peak, ("0",))]
+            o.step_time_s, o.mean_step_s, o.peak_mem_gb, o.device_mem_gb, o.cost_gpu_s = 0.03, 0.025, peak, 1.0, 2.0
+        failed.reason = "a copy failed: RuntimeError: toy model failure"
+        return [fits, grew, failed]
+
+    monkeypatch.setattr(profiler_mod, "run_shares", measured_copies)
+    p = Profiler(CLUSTER, strategies=["single"], shares=(2,))
+    tasks = [mlp_task("fits"), mlp_task("grew"), mlp_task("failed")]
+    sigs = {"fits": "s1", "grew": "s2", "failed": "s3"}
+    measured = {**_measured("s1", peak=0.2), **_measured("s2", peak=0.3), **_measured("s3", peak=0.2)}
+    shares = p._measure_shares(tasks, sigs, measured, CLUSTER)
+    assert (shares.run, shares.workers_started, shares.cost_gpu_s) == (3, 6, 4.0)
+    [fits], [grew], [failed] = (shares.found[s] for s in ("s1", "s2", "s3"))
+    assert fits.feasible and (fits.step_time_s, fits.mean_step_s, fits.budget_gb) == (0.03, 0.025, 1.0)
+    assert grew.reason == "2 copies x 0.7 GB peak memory > 1 GB per device"
+    assert failed.reason == "a copy failed: RuntimeError: toy model failure"
+    assert p.store.share("s2", "single", 2) == grew  # kept: a second run does not measure it again
+    table = p._table(tasks, sigs, measured, set(), None, shares)
+    assert [c.task for c in table if c.is_share] == ["fits"]
+    assert table.get("fits", "single", 0.5).step_time_s == pytest.approx(0.03)
+
+
 def test_share_rows_carry_the_whole_gpu_row_with_the_share_measured():
     row = {"task": "a", "strategy": "single", "gpus": 1, "nodes": 1, "step_time_s": 0.024, "steps": 10,
            "feasible": True, "peak_mem_gb": 0.2, "knobs": '{"k": 1}', "signature": "s", "cached": False,
