@@ -65,8 +65,32 @@ def add_parser(sub) -> None:
         action="store_true",
         help="leave out start-up and checkpoint costs (no trainer start-up probe; plans without start-up)",
     )
+    p.add_argument(
+        "--shares",
+        type=_shares,
+        default=(),
+        metavar="K,...",
+        help="also measure each task on a share 1/K of one device, K copies at once on one GPU "
+        "(K in 2, 4, 8; e.g. 2,4); rows of gpus=1/K where K copies fit the device's memory (default: none)",
+    )
     p.add_argument("--json", action="store_true", help="print the cost report as one JSON object")
     p.set_defaults(func=run)
+
+
+def _shares(text: str) -> tuple[int, ...]:
+    from ray_saturn.profiler.shares import check_shares
+
+    try:
+        out = check_shares(text)
+    except SpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not out:
+        raise argparse.ArgumentTypeError(f"{text!r} names no share; give k's of the shares 1/k, e.g. 2,4")
+    return out
+
+
+def _gpus_text(gpus: int | float) -> str:
+    return f"1/{round(1 / gpus)} of a GPU" if gpus < 1 else f"{gpus} GPU(s)"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         trial_timeout_s=args.trial_timeout,
         memory_limit_gb=args.memory_limit_gb,
         segment_costs=not args.no_segment_costs,
+        shares=args.shares,
     )
     started = False
     if not ray.is_initialized():
@@ -113,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
                     "rows": len(result.table),
                     "trials_run": result.trials_run,
                     "trials_cached": result.trials_cached,
+                    "shares_run": result.shares_run,
+                    "shares_cached": result.shares_cached,
                     "profile_gpu_s": result.cost_gpu_s,
                     "workload_gpu_s": result.workload_gpu_s,
                     "cost_ratio": result.cost_ratio,
@@ -127,6 +154,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(result.summary())
         for t, s, g, r in result.infeasible:
-            print(f"infeasible: {t} {s} on {g} GPU(s): {r}")
+            print(f"infeasible: {t} {s} on {_gpus_text(g)}: {r}")
         print(f"wrote {args.output}")
     return 0

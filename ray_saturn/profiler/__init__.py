@@ -7,6 +7,7 @@ what they hold:
 - :mod:`~ray_saturn.profiler.ladder`: the GPU ladder and when to stop climbing it;
 - :mod:`~ray_saturn.profiler.pool`: the trial pool running trials concurrently;
 - :mod:`~ray_saturn.profiler.trials`: one trial as Ray work on a placement group;
+- :mod:`~ray_saturn.profiler.shares`: shares 1/k of one device, k copies of a job on it at once;
 - :mod:`~ray_saturn.profiler.store`: the Parquet cache keyed by performance signature;
 - :mod:`~ray_saturn.profiler.signature`: the performance signature itself.
 """

@@ -31,6 +31,15 @@ as a run's first plan starts one segment per free GPU at once; on a small
 machine two trainers started together each take far longer than one alone.
 Probes are kept in the store per (GPU count, side by side, hardware).
 
+With ``shares=(2, 4)`` (k in 2, 4, 8; default none) each task's ``single``
+configuration is also measured on a share 1/k of one device, k copies of the
+job running there at once (:mod:`ray_saturn.profiler.shares`): a feasible
+share is a row of ``gpus`` = 1/k, ``nodes`` = 1 with the same columns as the
+whole-GPU row (its start-up, checkpoint costs, data time and step factor)
+plus ``device_mem_gb`` (the budget k copies were checked against); a share
+that does not fit, or could not be measured, is reported in
+:attr:`ProfileResult.infeasible` and not written.
+
 Example:
     >>> import ray, ray_saturn
     >>> from ray_saturn.toy import mlp_task
@@ -52,11 +61,20 @@ from typing import Any
 from ray_saturn import defaults
 from ray_saturn.errors import ProfileError, SaturnError, SpecError
 from ray_saturn.limits import number, whole
-from ray_saturn.profile_table import ProfileTable
+from ray_saturn.profile_table import SHARES, ProfileTable
 from ray_saturn.profiler.ladder import LadderWalk, gpu_ladder
 from ray_saturn.profiler.pool import TrialPool
 from ray_saturn.profiler.segment import Calibration
-from ray_saturn.profiler.store import ProfileStore, StoredStartup, StoredTrial
+from ray_saturn.profiler.shares import (
+    SHARE_STRATEGY,
+    ShareSpec,
+    check_shares,
+    fit_reason,
+    query_device_memory_gb,
+    run_shares,
+    whole_gpu_budget,
+)
+from ray_saturn.profiler.store import ProfileStore, StoredShare, StoredStartup, StoredTrial
 from ray_saturn.spec import ClusterSpec, Task, check_unique_names
 from ray_saturn.strategies.registry import get_strategy, strategy_names
 
@@ -158,9 +176,12 @@ class ProfileResult:
     trials_run: int
     trials_cached: int
     wall_s: float
-    infeasible: list[tuple[str, str, int, str]] = field(default_factory=list)
+    infeasible: list[tuple[str, str, int | float, str]] = field(default_factory=list)
     #: Trial worker processes started (fewer than the trials' GPUs when warm workers were lent on).
     workers_started: int = 0
+    #: Shares of a device measured (k copies at once each) and taken from the store.
+    shares_run: int = 0
+    shares_cached: int = 0
 
     @property
     def cost_ratio(self) -> float:
@@ -168,8 +189,13 @@ class ProfileResult:
         return self.cost_gpu_s / self.workload_gpu_s if self.workload_gpu_s > 0 else math.inf
 
     def summary(self) -> str:
+        shares = (
+            f" and {self.shares_run + self.shares_cached} share(s) of a device ({self.shares_cached} from the store)"
+            if self.shares_run or self.shares_cached
+            else ""
+        )
         return (
-            f"profiled {self.trials_run} trial(s) ({self.trials_cached} from the store) "
+            f"profiled {self.trials_run} trial(s) ({self.trials_cached} from the store){shares} "
             f"in {self.wall_s:.1f} s: {self.cost_gpu_s:.1f} GPU-s, "
             f"{100 * self.cost_ratio:.2f}% of the workload's estimated "
             f"{self.workload_gpu_s:.1f} GPU-s"
@@ -202,7 +228,9 @@ class Profiler:
         segment_costs: bool = True,
         startup_side_by_side: int | None = None,
         warm_workers: bool = True,
+        shares: Iterable[int] | None = None,
     ) -> None:
+        self.shares = check_shares(shares)
         warmup = whole(warmup, "warmup (untimed steps per knob setting)", low=0)
         steps = whole(steps, "steps (timed steps per knob setting)", low=1)
         min_measure_s = number(min_measure_s, "min_measure_s (least timed seconds per knob setting)", low=0)
@@ -320,17 +348,27 @@ class Profiler:
         if self.segment_costs:
             calibrations = _calibrations(tasks, sigs, outcome.measured)
             startup = self._trainer_startup(hardware, calibrations, cluster, len(tasks))
+        shares = self._measure_shares(tasks, sigs, outcome.measured, cluster) if self.shares else _Shares()
         self.store.flush()
-        table = self._table(tasks, sigs, outcome.measured, outcome.cached, startup)
+        table = self._table(tasks, sigs, outcome.measured, outcome.cached, startup, shares)
+        infeasible: list[tuple[str, str, int | float, str]] = [
+            (c.task, c.strategy, c.gpus, c.reason or "") for c in table if not c.feasible
+        ]
+        for task in tasks:  # a share that does not fit (or was not measured) is reported, not written
+            for share in shares.found.get(sigs[task.name], []):
+                if not share.feasible:
+                    infeasible.append((task.name, share.strategy, SHARES[share.copies], share.reason or ""))
         result = ProfileResult(
             table,
-            outcome.cost_gpu_s,
+            outcome.cost_gpu_s + shares.cost_gpu_s,
             _workload_gpu_s(table),
             outcome.trials_run,
             len(outcome.cached),
             time.monotonic() - t0,
-            [(c.task, c.strategy, c.gpus, c.reason or "") for c in table if not c.feasible],
-            outcome.workers_started,
+            infeasible,
+            outcome.workers_started + shares.workers_started,
+            shares.run,
+            len(shares.cached),
         )
         log.info("%s", result.summary())
         return result
@@ -361,8 +399,72 @@ class Profiler:
             out[(g, n)] = known
         return out
 
+    def _measure_shares(
+        self,
+        tasks: Sequence[Task],
+        sigs: Mapping[str, str],
+        measured: Mapping[tuple[str, str, int, int], StoredTrial],
+        cluster: ClusterSpec,
+    ) -> _Shares:
+        """Every (signature, k) of :attr:`shares`: from the store, refused (no feasible whole-GPU
+        ``single`` row, or k copies of its peak memory exceed the device's budget), else measured."""
+        out = _Shares()
+        limit = self.measure_kw["memory_limit_gb"]
+        device_mem: list[float | None] = []  # asked of the cluster once, when a share needs it
+        todo: list[ShareSpec] = []
+        for task in tasks:
+            sig = sigs[task.name]
+            if sig in out.found:
+                continue
+            found = out.found.setdefault(sig, [])
+            whole_row = measured.get((sig, SHARE_STRATEGY, 1, 1))
+            for k in self.shares:
+                hit = self.store.share(sig, SHARE_STRATEGY, k)
+                if hit is not None:
+                    found.append(hit)
+                    out.cached.add(hit.key)
+                    continue
+                if SHARE_STRATEGY not in self._strategies_for(task):
+                    why = (f"a share runs the {SHARE_STRATEGY} strategy, which {task.name} is not profiled with; "
+                           f"add {SHARE_STRATEGY} to its strategies")
+                elif whole_row is None or not whole_row.feasible:
+                    got = "was not measured" if whole_row is None else f"is infeasible ({whole_row.reason})"
+                    why = f"its whole-GPU {SHARE_STRATEGY} row {got}"
+                else:
+                    if not device_mem:
+                        device_mem.append(query_device_memory_gb(self.placement_timeout_s))
+                    budget = whole_gpu_budget(limit, device_mem[0])
+                    why = fit_reason(k, whole_row.peak_mem_gb, budget)
+                    if why is None:
+                        knobs = parse_knobs(whole_row.knobs, f"the knobs of {task.name} {SHARE_STRATEGY}")
+                        todo.append(ShareSpec(task, sig, k, knobs, whole_row.step_time_s or 0.0))
+                        continue
+                    why = f"{why} (the whole-GPU row's peak; not run)"
+                    share = StoredShare(sig, SHARE_STRATEGY, k, None, None, whole_row.peak_mem_gb, budget, why, 0.0)
+                    self.store.put_share(share)
+                    found.append(share)
+                    continue
+                found.append(StoredShare(sig, SHARE_STRATEGY, k, None, None, None, None, why, 0.0))
+        total = cluster.total_gpus
+        concurrent = max(1, min(total, self.max_concurrent or total))
+        for o in run_shares(todo, self.measure_kw, timeout_s=self.trial_timeout_s,
+                            placement_timeout_s=self.placement_timeout_s, concurrent=concurrent):
+            k = o.spec.copies
+            budget = whole_gpu_budget(limit, o.device_mem_gb if o.device_mem_gb is not None else device_mem[0])
+            why = o.reason or fit_reason(k, o.peak_mem_gb, budget)
+            share = StoredShare(o.spec.signature, SHARE_STRATEGY, k, o.step_time_s, o.mean_step_s, o.peak_mem_gb,
+                                budget, why, o.cost_gpu_s)
+            self.store.put_share(share)
+            out.found[o.spec.signature].append(share)
+            out.cost_gpu_s += o.cost_gpu_s
+            out.run += 1
+            out.workers_started += k
+        for found in out.found.values():
+            found.sort(key=lambda s: s.copies)
+        return out
+
     # ------------------------------------------------------------------ output
-    def _table(self, tasks, sigs, measured, cached_keys, startup=None) -> ProfileTable:
+    def _table(self, tasks, sigs, measured, cached_keys, startup=None, shares=None) -> ProfileTable:
         rows: list[dict[str, Any]] = []
         for task in tasks:
             sig = sigs[task.name]
@@ -403,6 +505,8 @@ class Profiler:
                     row["checkpoint_save_s"] = t.checkpoint_save_s if t.checkpoint_save_s is not None else save
                     row["checkpoint_load_s"] = t.checkpoint_load_s if t.checkpoint_load_s is not None else load
                 rows.append(row)
+                if (t.strategy, t.gpus, t.nodes) == (SHARE_STRATEGY, 1, 1) and t.feasible and shares is not None:
+                    rows.extend(_share_rows(row, shares.found.get(sig, []), shares.cached))
             if not found:
                 names = ", ".join(self._strategies_for(task))
                 rows.append(
@@ -423,6 +527,43 @@ class Profiler:
                     }
                 )
         return ProfileTable.from_rows(rows, source="profiler")
+
+
+@dataclass
+class _Shares:
+    """The shares of a run, by signature: found (measured, cached or refused), and what they cost."""
+
+    found: dict[str, list[StoredShare]] = field(default_factory=dict)
+    cached: set[tuple[str, str, int]] = field(default_factory=set)
+    cost_gpu_s: float = 0.0
+    run: int = 0
+    workers_started: int = 0
+
+
+def _share_rows(
+    whole_row: Mapping[str, Any], shares: Sequence[StoredShare], cached: set
+) -> list[dict[str, Any]]:
+    """The feasible shares as rows: the whole-GPU ``single`` row's columns with the share's
+    ``gpus``, step time (its batch draws measured with it; the whole row's step factor), peak memory
+    per copy, cost, and ``device_mem_gb``."""
+    out = []
+    for share in shares:
+        if not share.feasible or share.step_time_s is None:
+            continue
+        trial_step = share.step_time_s
+        row = dict(whole_row)
+        row.update(
+            gpus=SHARES[share.copies],
+            step_time_s=trial_step * float(whole_row.get("step_factor", 1.0)),
+            peak_mem_gb=share.peak_mem_gb,
+            cached=share.key in cached,
+            cost_gpu_s=share.cost_gpu_s,
+            device_mem_gb=share.budget_gb,
+        )
+        if "trial_step_time_s" in row:
+            row["trial_step_time_s"] = trial_step
+        out.append(row)
+    return out
 
 
 def _workload_gpu_s(table: ProfileTable) -> float:
@@ -450,8 +591,9 @@ def profile(
     ``memory_limit_gb``, ``segment_costs`` (start-up and checkpoint columns,
     default on), ``startup_side_by_side`` (trainers the start-up probe starts
     at once; default as many as the cluster holds), ``warm_workers`` (on one
-    node, lend trial workers from trial to trial; default on), ...). ``output`` also writes the table (.csv or
-    .parquet). The cost is logged; use ``Profiler(...).run(tasks)`` to get it.
+    node, lend trial workers from trial to trial; default on), ``shares`` (k's of
+    the shares 1/k of one device to measure, e.g. ``(2, 4)``; default none), ...).
+    ``output`` also writes the table (.csv or .parquet). The cost is logged; use ``Profiler(...).run(tasks)`` to get it.
 
     Example:
         >>> import ray_saturn

@@ -5,7 +5,8 @@ whose signature is already there is not measured again. Each row also keeps
 what a segment of it costs besides its steps (set-up, checkpoint save and
 load; see :mod:`ray_saturn.profiler.segment`). Trainer start-up probes,
 keyed by (hardware, gpus, nodes, trainers started side by side), are kept beside the store in a small JSON
-file (``<store>.startup.json``).
+file (``<store>.startup.json``); shares of one device (:mod:`ray_saturn.profiler.shares`), keyed by
+(signature, strategy, copies), in another (``<store>.shares.json``).
 
 Example:
     >>> import tempfile, os
@@ -27,7 +28,7 @@ import pyarrow.parquet as pq
 
 from ray_saturn.errors import ProfileError
 
-__all__ = ["ProfileStore", "StoredStartup", "StoredTrial"]
+__all__ = ["ProfileStore", "StoredShare", "StoredStartup", "StoredTrial"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,30 @@ class StoredStartup:
     step_factor: float | None = None
 
 
+@dataclass(frozen=True)
+class StoredShare:
+    """One measured share 1/``copies`` of a device: the slowest copy's step time (the mean beside it),
+    the largest copy's peak memory, the device budget it was checked against, or why it is infeasible."""
+
+    signature: str
+    strategy: str
+    copies: int
+    step_time_s: float | None
+    mean_step_s: float | None
+    peak_mem_gb: float | None
+    budget_gb: float | None
+    reason: str | None
+    cost_gpu_s: float
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.signature, self.strategy, self.copies)
+
+    @property
+    def feasible(self) -> bool:
+        return self.reason is None and self.step_time_s is not None
+
+
 class ProfileStore:
     """A Parquet-backed cache of measured trials (``path=None``: in memory only)."""
 
@@ -116,11 +141,31 @@ class ProfileStore:
                     )
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 raise ProfileError(f"{spath}: not a readable start-up store ({exc}); delete it") from None
+        self._shares: dict[tuple[str, str, int], StoredShare] = {}
+        shpath = self.shares_path
+        if shpath is not None and shpath.exists():
+            try:
+                for r in json.loads(shpath.read_text()):
+                    share = StoredShare(**r)
+                    self._shares[share.key] = share
+            except (OSError, ValueError, TypeError) as exc:
+                raise ProfileError(f"{shpath}: not a readable share store ({exc}); delete it") from None
 
     @property
     def startup_path(self) -> Path | None:
         """Where the trainer start-up probes are kept: beside the store (JSON)."""
         return None if self.path is None else self.path.with_name(self.path.stem + ".startup.json")
+
+    @property
+    def shares_path(self) -> Path | None:
+        """Where measured shares of a device are kept: beside the store (JSON)."""
+        return None if self.path is None else self.path.with_name(self.path.stem + ".shares.json")
+
+    def share(self, signature: str, strategy: str, copies: int) -> StoredShare | None:
+        return self._shares.get((signature, strategy, copies))
+
+    def put_share(self, share: StoredShare) -> None:
+        self._shares[share.key] = share
 
     def startup(self, hardware: str, gpus: int, nodes: int, side_by_side: int = 1) -> StoredStartup | None:
         """A trainer start-up probe on this hardware with ``side_by_side`` trainers started at once,
@@ -170,3 +215,8 @@ class ProfileStore:
             tmp = self.startup_path.with_name(self.startup_path.name + ".tmp")
             tmp.write_text(json.dumps(rows, indent=1))
             os.replace(tmp, self.startup_path)
+        if self._shares and self.shares_path is not None:
+            shares = [asdict(v) for _, v in sorted(self._shares.items())]
+            tmp = self.shares_path.with_name(self.shares_path.name + ".tmp")
+            tmp.write_text(json.dumps(shares, indent=1))
+            os.replace(tmp, self.shares_path)
