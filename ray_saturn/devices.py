@@ -130,29 +130,26 @@ def simultaneous(events: list[tuple], tol: float) -> Iterator[tuple[float, list[
 
 def refuse_unexecuted(profile: ProfileTable, what: str = "the runtime") -> None:
     """Raise a one-line :class:`SpecError` if ``profile`` has rows ``what`` cannot execute yet:
-    shares of one GPU (``gpus`` < 1) or rows measured on a GPU type.
+    rows measured on a GPU type.
 
-    Plans (``ray-saturn plan``, :func:`ray_saturn.solver.solve`) handle both; executing them (the
-    driver, the simulator and Tune, all through the controller) is not built yet.
+    Plans, the controller and the simulator handle shares of one GPU and GPU types; the runtime
+    runs shares (a fractional-GPU bundle pinned to the planned node); a run on Ray and ``emulate``
+    do not run rows of GPU types yet.
 
     Example:
         >>> from ray_saturn import ProfileTable
-        >>> t = ProfileTable.from_rows([{"task": "a", "strategy": "single", "gpus": 0.25, "step_time_s": 1.0,
-        ...                              "steps": 10}])
+        >>> t = ProfileTable.from_rows([{"task": "a", "strategy": "single", "gpus": 1, "step_time_s": 1.0,
+        ...                              "steps": 10, "gpu_type": "A100"}])
         >>> try:
         ...     refuse_unexecuted(t)
         ... except SpecError as exc:
-        ...     print(str(exc)[:72])
-        the runtime does not execute shares of one GPU yet (task 'a' has gpus=0.
+        ...     print(str(exc)[:60])
+        the runtime does not execute rows measured on a GPU type yet
     """
     for c in profile:
-        if c.is_share:
-            raise SpecError(
-                f"{what} does not execute shares of one GPU yet (task {c.task!r} has gpus={c.gpus}); "
-                "`ray-saturn plan` plans them: drop rows with gpus < 1 to run or simulate this profile"
-            )
         if c.gpu_type is not None:
             raise SpecError(
                 f"{what} does not execute rows measured on a GPU type yet (task {c.task!r} has gpu_type="
-                f"{c.gpu_type}); `ray-saturn plan` plans them: drop the gpu_type column to run or simulate"
+                f"{c.gpu_type}); `ray-saturn plan` and `ray-saturn simulate` handle them: drop the gpu_type "
+                "column to run this profile"
             )

@@ -367,7 +367,7 @@ def test_cli_plans_and_simulates_shares_and_types(capsys, tmp_path):
     assert code == 2 and "row 1: gpus is 0.3; give a whole number >= 1, or a share" in err
 
 
-def test_run_and_emulate_refuse_shares_before_any_cluster_starts(capsys, tmp_path):
+def test_run_and_emulate_refuse_gpu_types_before_any_cluster_starts(capsys, tmp_path):
     import torch
 
     from ray_saturn import Task
@@ -375,10 +375,11 @@ def test_run_and_emulate_refuse_shares_before_any_cluster_starts(capsys, tmp_pat
     from ray_saturn.runtime.api import _check_profile
 
     prof = tmp_path / "p.csv"
-    prof.write_text("task,strategy,gpus,step_time_s,steps\na,single,1/2,1.0,10\na,single,1,0.8,10\n")
+    prof.write_text("task,strategy,gpus,step_time_s,steps,gpu_type\na,single,1/2,1.0,10,\na,single,1,0.8,10,A100\n")
     code = main(["emulate", str(prof), "--nodes", "1", "--gpus-per-node", "1", "--time-scale", "0.01"])
     _, err = capsys.readouterr()
-    assert code == 2 and "ray-saturn emulate does not execute shares of one GPU yet (task 'a' has gpus=0.5)" in err
+    assert code == 2 and err.count("\n") == 1
+    assert "ray-saturn emulate does not execute rows measured on a GPU type yet (task 'a' has gpu_type=A100)" in err
     task = Task(
         "a",
         model=lambda hp: torch.nn.Linear(2, 1),
@@ -387,8 +388,10 @@ def test_run_and_emulate_refuse_shares_before_any_cluster_starts(capsys, tmp_pat
         optimizer=lambda p, hp: torch.optim.SGD(p, lr=0.1),
         max_steps=10,
     )
-    with pytest.raises(SpecError, match=r"^ray_saturn.run does not execute shares of one GPU yet"):
+    with pytest.raises(SpecError, match=r"^ray_saturn.run does not execute rows measured on a GPU type yet"):
         _check_profile(ProfileTable.read(prof), [task])
+    shares = ProfileTable.from_rows([row(gpus=0.5), row(gpus=1)])
+    _check_profile(shares, [task])  # shares of one GPU run
 
 
 def test_untyped_whole_gpu_profiles_plan_as_before_on_a_typed_cluster():

@@ -210,3 +210,73 @@ def test_simulator_refuses_a_launch_that_over_fills_a_device():
     typed = Placement("single", 0.5, ("node-0",), "A100", {"node-0": [(0, 0.5)]})
     with pytest.raises(SimulationError, match="runs its A100 row on node node-0, of type None"):
         world.execute([Launch("c", typed, 0, 0.0, 0.0)], 0.0)
+
+
+# ----------------------------------------------------------------------------- the runtime's ledger
+def test_runtime_ledger_books_shares_on_devices_and_types_on_their_nodes():
+    from ray_saturn.runtime.ledger import GpuLedger, LedgerError
+
+    cluster = ClusterSpec((NodeSpec("a", 2, gpu_type="fast"), NodeSpec("b", 1, gpu_type="slow")))
+    ledger = GpuLedger(cluster)
+    d0 = {"a": [(0, 0.5)]}
+    ledger.reserve("h0", ("a",), 0.5, devices=d0)
+    assert ledger.fits(("a",), 0.5, devices=d0) and ledger.free("a") == 1 and ledger.used("a") == 1
+    ledger.reserve("h1", ("a",), 0.5, devices=d0)
+    assert not ledger.fits(("a",), 0.5, devices=d0)
+    with pytest.raises(LedgerError, match="device 0 of node 'a' would hold more than one GPU"):
+        ledger.reserve("h2", ("a",), 0.5, devices=d0)
+    with pytest.raises(LedgerError, match=r"holds one device of one node; give one node and its device"):
+        ledger.reserve("h3", ("a",), 0.5)
+    with pytest.raises(LedgerError, match="give a whole number >= 1 or a share 1/k"):
+        ledger.reserve("h4", ("a",), 0.3, devices={"a": [(1, 0.3)]})
+    with pytest.raises(LedgerError, match="runs a row measured on fast, but node 'b' is of type slow"):
+        ledger.reserve("t", ("b",), 1, gpu_type="fast")
+    assert not ledger.fits(("b",), 1, gpu_type="fast") and ledger.fits(("a",), 1, gpu_type="fast")
+    ledger.reserve("w", ("a",), 1, gpu_type="fast")  # a whole GPU without devices takes device 1
+    assert ledger.free("a") == 0 and not ledger.fits(("a",), 0.5, devices={"a": [(1, 0.5)]})
+    ledger.release("h0")
+    assert not ledger.fits(("a",), 1) and ledger.fits(("a",), 0.5, devices=d0)
+    ledger.release("h1")
+    assert ledger.fits(("a",), 1)
+    assert [n.gpu_type for n in ledger.cluster().nodes] == ["fast", "slow"]
+
+
+def test_trainer_placement_gives_a_share_one_worker_with_its_fraction():
+    from ray_saturn.runtime.pg_manager import TrainerPlacement
+
+    cfg = TrainerPlacement("t", 1, ({"ray.io/node-id": "x"},), "STRICT_PACK", gpus_per_worker=0.25).scaling_config()
+    assert cfg.num_workers == 1 and cfg.resources_per_worker == {"GPU": 0.25} and cfg.use_gpu
+    whole = TrainerPlacement("t", 2, ({"ray.io/node-id": "x"},) * 2, "STRICT_PACK").scaling_config()
+    assert whole.resources_per_worker == {"GPU": 1}
+
+
+def test_driver_runs_shares_and_typed_rows_through_the_ledger(tmp_path):
+    """The runtime's driver (fake launcher, bare ledger): shares share devices, typed rows run on
+    their type's nodes, the realised segments pass the per-device check."""
+    from ray_saturn.runtime.driver import Driver, DriverConfig
+    from ray_saturn.runtime.fake import FakeLauncher, LedgerManager
+    from ray_saturn.runtime.storage import RunStorage
+
+    cluster = ClusterSpec((NodeSpec("f", 1, gpu_type="fast"), NodeSpec("s", 2, gpu_type="slow")))
+    rows = [row(f"q{i}", 0.25, 1.0, 40, gpu_type="slow") for i in range(6)]
+    rows += [row("w", 1, 1.0, 60, gpu_type="fast"), row("w", 1, 3.0, 60, gpu_type="slow")]
+    launcher = FakeLauncher()
+    mgr = LedgerManager(cluster)
+    cfg = DriverConfig(solver_time_limit_s=1.0, checkpoint_interval_s=10.0, poll_wall_s=2.0, restart_s=5.0,
+                       node_check_wall_s=0.0, policy="saturn-static")
+    result = Driver(ProfileTable.from_rows(rows), mgr, launcher, RunStorage(tmp_path), cfg).run(max_steps=10_000)
+    assert result.state == "finished"
+    assert mgr.ledger.reservations() == []
+    segs = {t: r.segments for t, r in result.tasks.items()}
+    assert all(s.placement.nodes == ("s",) and s.placement.is_share for i in range(6) for s in segs[f"q{i}"])
+    assert segs["w"][0].placement.nodes == ("f",) and segs["w"][0].placement.gpu_type == "fast"
+    from ray_saturn.plan import Assignment, Plan
+
+    plan = Plan("realised", 1.0, 0.0, 0.0, "feasible", [
+        Assignment(t, s.strategy, s.gpus, s.nodes, s.start_s, s.end_s, devices=s.placement.device_map(),
+                   gpu_type=s.placement.gpu_type)
+        for t, ss in segs.items() for s in ss
+    ])
+    check_devices(plan, cluster)
+    quarters = [s for i in range(6) for s in segs[f"q{i}"]]
+    assert max(sum(a.start_s <= s.start_s < a.end_s for a in quarters) for s in quarters) >= 4  # four at once

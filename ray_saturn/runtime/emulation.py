@@ -293,6 +293,7 @@ def emulation_report(result: DriverResult) -> dict[str, Any]:
                 "first_step_s": None if s.first_step_s is None else round(s.first_step_s, 3),
                 "end_s": None if s.end_s is None else round(s.end_s, 3),
                 "status": s.status,
+                **{k: v for k, v in s.placement.to_dict().items() if k in ("devices", "gpu_type")},
             }
             for s in rec.segments
         ]
