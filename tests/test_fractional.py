@@ -367,31 +367,20 @@ def test_cli_plans_and_simulates_shares_and_types(capsys, tmp_path):
     assert code == 2 and "row 1: gpus is 0.3; give a whole number >= 1, or a share" in err
 
 
-def test_run_and_emulate_refuse_gpu_types_before_any_cluster_starts(capsys, tmp_path):
-    import torch
-
-    from ray_saturn import Task
+def test_emulate_checks_gpu_types_before_any_cluster_starts(capsys, tmp_path):
     from ray_saturn.cli import main
-    from ray_saturn.runtime.api import _check_profile
 
     prof = tmp_path / "p.csv"
-    prof.write_text("task,strategy,gpus,step_time_s,steps,gpu_type\na,single,1/2,1.0,10,\na,single,1,0.8,10,A100\n")
-    code = main(["emulate", str(prof), "--nodes", "1", "--gpus-per-node", "1", "--time-scale", "0.01"])
+    prof.write_text("task,strategy,gpus,step_time_s,steps,gpu_type\na,single,1/2,1.0,10,\na,single,1,0.8,10,A100\n"
+                    "b,single,1,0.8,10,A100\n")
+    args = ["emulate", str(prof), "--nodes", "2", "--gpus-per-node", "1", "--time-scale", "0.01"]
+    code = main([*args, "--gpu-types", "A100"])
     _, err = capsys.readouterr()
     assert code == 2 and err.count("\n") == 1
-    assert "ray-saturn emulate does not execute rows measured on a GPU type yet (task 'a' has gpu_type=A100)" in err
-    task = Task(
-        "a",
-        model=lambda hp: torch.nn.Linear(2, 1),
-        data=lambda hp: [],
-        loss=lambda o, b: o.sum(),
-        optimizer=lambda p, hp: torch.optim.SGD(p, lr=0.1),
-        max_steps=10,
-    )
-    with pytest.raises(SpecError, match=r"^ray_saturn.run does not execute rows measured on a GPU type yet"):
-        _check_profile(ProfileTable.read(prof), [task])
-    shares = ProfileTable.from_rows([row(gpus=0.5), row(gpus=1)])
-    _check_profile(shares, [task])  # shares of one GPU run
+    assert "1 GPU type(s) for 2 emulated node(s); give one per node, e.g. --gpu-types A100,A100" in err
+    code = main([*args, "--gpu-types", "T4,T4"])  # b has rows for A100 only
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and "task 'b' fits nowhere" in err and "types T4" in err
 
 
 def test_untyped_whole_gpu_profiles_plan_as_before_on_a_typed_cluster():

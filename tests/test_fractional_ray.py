@@ -44,7 +44,7 @@ def test_four_quarter_shares_share_one_logical_gpu_in_emulation(tmp_path):
             assert table["bundles"] == {0: {"GPU": 0.25}} and set(table["bundles_to_node_id"].values()) == {
                 node.node_id
             }
-            with pytest.raises(LedgerError, match="device 0 of node .* would hold more than one GPU"):
+            with pytest.raises(LedgerError, match=r"device 0 of node .* would hold more than one GPU"):
                 mgr.reserve("b4", (node.name,), 0.25, devices=dev)
             assert mgr.hand_over("b0").scaling_config().resources_per_worker == {"GPU": 0.25}
         finally:
@@ -57,6 +57,26 @@ def test_four_quarter_shares_share_one_logical_gpu_in_emulation(tmp_path):
     assert _overlap(segs), segs  # all four ran at once on device 0
     # The plan: all four start at 0, each a quarter of device 0; sequentially they would take 4x as long.
     assert out["realised_makespan_s"] < 2 * 300
+
+
+def test_emulation_runs_typed_rows_only_on_nodes_of_their_type(tmp_path):
+    rows = [
+        {"task": "fast-only", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 200, "gpu_type": "fast"},
+        {"task": "either", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 200, "gpu_type": "fast"},
+        {"task": "either", "strategy": "ddp", "gpus": 1, "step_time_s": 1.5, "steps": 200, "gpu_type": "slow"},
+        {"task": "slow-share", "strategy": "single", "gpus": 0.5, "step_time_s": 1.0, "steps": 200,
+         "gpu_type": "slow"},
+    ]
+    with emulated_cluster(2, 1, gpu_types=["fast", "slow"]):
+        types = {n.name: n.gpu_type for n in ClusterSpec.from_ray().nodes}
+        assert sorted(types.values()) == ["fast", "slow"]
+        out = emulate(ProfileTable.from_rows(rows), 2, 1, time_scale=0.02, storage=tmp_path / "run",
+                      use_running_ray=True, policy="saturn-static")
+    assert out["state"] == "finished", out
+    where = {t["task"]: [(s["gpu_type"], types[n]) for s in t["segments"] for n in s["nodes"]] for t in out["tasks"]}
+    assert where["fast-only"] == [("fast", "fast")]
+    assert where["slow-share"] == [("slow", "slow")]
+    assert all(row_type == node_type for w in where.values() for row_type, node_type in w)
 
 
 def _model(hp):
