@@ -861,3 +861,32 @@ def test_typed_trial_runs_on_its_type_and_mixes_with_shares(fake_tune, no_backgr
     assert tune.trials["big"].config["_saturn"]["node"] == "f"
     assert tune.trials["big"].config["_saturn"]["gpu_type"] == "fast"
     assert {tune.trials[f"h{i}"].config["_saturn"]["node"] for i in range(2)} == {"s"}
+
+
+@pytest.mark.ray
+def test_tuner_runs_two_half_share_trials_at_once_on_one_gpu(local_ray, tmp_path):
+    """A real Tuner: two trials whose only row is a 1/2 share get {"GPU": 0.5} bundles and train at
+    once on the one logical GPU (two training processes, what two cores hold)."""
+    from ray import tune
+
+    ray = local_ray(1)
+
+    def halves(config):
+        return [{"strategy": "single", "gpus": 0.5, "step_time_s": 0.05, "steps": 24}]
+
+    scheduler = SaturnScheduler(halves, restart_s=2.0, cpus_per_trial=0.25, policy="saturn-static")
+    tuner = tune.Tuner(
+        saturn_trainable(functools.partial(regression_task, max_steps=24), report_every=6),
+        param_space={"lr": tune.grid_search([0.3, 0.1]), "width": 16},
+        tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=scheduler, reuse_actors=False),
+        run_config=tune.RunConfig(name="saturn-halves", storage_path=str(tmp_path), verbose=0),
+    )
+    grid = tuner.fit()
+    scheduler.close()
+    assert len(grid) == 2 and not grid.errors
+    for r in grid:
+        assert r.config["_saturn"]["gpus"] == 0.5 and r.metrics["saturn_gpus"] == 0.5
+        assert r.config["_saturn"]["devices"] == [0] and r.metrics["saturn_step"] == 24
+    used, peak = _in_use(scheduler.gpu_events)
+    assert used == 0 and peak == pytest.approx(1.0)  # both held the GPU's halves at once
+    assert _gpus_back(ray, 1) == 1
