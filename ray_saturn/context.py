@@ -39,25 +39,49 @@ from ray_saturn.errors import SpecError
 __all__ = ["Incumbent", "PlanningContext", "RunningTask"]
 
 
+def _splits(gpus: float, nodes: int) -> bool:
+    """True when ``gpus`` split evenly over ``nodes`` (a share 1/k of one device: one node)."""
+    if gpus < 1:
+        return nodes == 1 and gpus > 0 and abs(1 / gpus - round(1 / gpus)) < 1e-9
+    return gpus == int(gpus) and int(gpus) % nodes == 0
+
+
 @dataclass(frozen=True)
 class RunningTask:
-    """A task running now, on ``strategy`` with ``gpus`` GPUs over ``nodes``."""
+    """A task running now, on ``strategy`` with ``gpus`` GPUs over ``nodes``.
+
+    ``gpus`` may be a share 1/k of one device (one node). ``gpu_type``: the GPU
+    type of the profile row it runs (``None``: the untyped row). ``devices``:
+    per node, the devices it holds and its share of each, e.g.
+    ``{"node-0": ((2, 0.25),)}``; a plan keeping it in place keeps those
+    devices (``None``: whole GPUs somewhere on its nodes).
+    """
 
     task: str
     strategy: str
-    gpus: int
+    gpus: int | float
     nodes: tuple[str, ...]
     restart_s: float = 0.0
     movable: bool = True
+    gpu_type: str | None = None
+    devices: Mapping[str, tuple[tuple[int, float], ...]] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(self.nodes))
         if not self.nodes or len(set(self.nodes)) != len(self.nodes):
             raise SpecError(f"running task {self.task!r}: nodes must be distinct and non-empty")
-        if self.gpus < 1 or self.gpus % len(self.nodes):
+        if not _splits(self.gpus, len(self.nodes)):
             raise SpecError(
                 f"running task {self.task!r}: {self.gpus} GPUs over {len(self.nodes)} nodes do not split evenly"
             )
+        if self.devices is not None:
+            devices = {str(n): tuple((int(d), float(s)) for d, s in v) for n, v in self.devices.items()}
+            if set(devices) != set(self.nodes):
+                raise SpecError(
+                    f"running task {self.task!r}: devices name nodes {sorted(devices)}, but it runs on "
+                    f"{sorted(self.nodes)}; give devices for exactly its nodes"
+                )
+            object.__setattr__(self, "devices", devices)
         if not math.isfinite(self.restart_s) or self.restart_s < 0:
             raise SpecError(f"running task {self.task!r}: restart_s must be >= 0, got {self.restart_s}")
 
@@ -87,7 +111,7 @@ class Incumbent:
         if missing:
             raise SpecError(f"incumbent plan: no placement for task(s) {', '.join(missing[:5])}")
         for t, (_, gpus, nodes) in self.placements.items():
-            if not nodes or len(set(nodes)) != len(nodes) or gpus % len(nodes):
+            if not nodes or len(set(nodes)) != len(nodes) or not _splits(gpus, len(nodes)):
                 raise SpecError(
                     f"incumbent plan: task {t!r} has {gpus} GPUs on nodes {list(nodes)}; "
                     "give distinct nodes that split the GPUs evenly"

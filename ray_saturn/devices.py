@@ -26,14 +26,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from ray_saturn.errors import PlanError, SpecError
+from ray_saturn.errors import PlanError
 
 if TYPE_CHECKING:
     from ray_saturn.plan import Plan
-    from ray_saturn.profile_table import ProfileTable
     from ray_saturn.spec import ClusterSpec
 
-__all__ = ["check_devices", "refuse_unexecuted"]
+__all__ = ["check_devices", "simultaneous"]
 
 _SLACK = 1e-9
 
@@ -126,33 +125,3 @@ def simultaneous(events: list[tuple], tol: float) -> Iterator[tuple[float, list[
             j += 1
         yield t0, events[i:j]
         i = j
-
-
-def refuse_unexecuted(profile: ProfileTable, what: str = "the runtime") -> None:
-    """Raise a one-line :class:`SpecError` if ``profile`` has rows ``what`` cannot execute yet:
-    shares of one GPU (``gpus`` < 1) or rows measured on a GPU type.
-
-    Plans (``ray-saturn plan``, :func:`ray_saturn.solver.solve`) handle both; executing them (the
-    driver, the simulator and Tune, all through the controller) is not built yet.
-
-    Example:
-        >>> from ray_saturn import ProfileTable
-        >>> t = ProfileTable.from_rows([{"task": "a", "strategy": "single", "gpus": 0.25, "step_time_s": 1.0,
-        ...                              "steps": 10}])
-        >>> try:
-        ...     refuse_unexecuted(t)
-        ... except SpecError as exc:
-        ...     print(str(exc)[:72])
-        the runtime does not execute shares of one GPU yet (task 'a' has gpus=0.
-    """
-    for c in profile:
-        if c.is_share:
-            raise SpecError(
-                f"{what} does not execute shares of one GPU yet (task {c.task!r} has gpus={c.gpus}); "
-                "`ray-saturn plan` plans them: drop rows with gpus < 1 to run or simulate this profile"
-            )
-        if c.gpu_type is not None:
-            raise SpecError(
-                f"{what} does not execute rows measured on a GPU type yet (task {c.task!r} has gpu_type="
-                f"{c.gpu_type}); `ray-saturn plan` plans them: drop the gpu_type column to run or simulate"
-            )

@@ -294,17 +294,11 @@ def test_a_task_without_a_row_for_any_node_type_is_a_one_line_error():
 
 
 def test_unsupported_paths_refuse_shares_and_types():
-    from ray_saturn.sim import SimConfig, simulate
     from ray_saturn.solver import solve
 
     profile, cluster = mixed_problem()
     with pytest.raises(SpecError, match="objective 'completion' does not yet plan shares of one GPU or GPU types"):
         solve(profile, cluster, objective="completion", time_limit_s=1)
-    with pytest.raises(SpecError, match="does not execute rows measured on a GPU type yet"):
-        simulate(profile, cluster, "saturn-static", SimConfig(noise=0.0))
-    shares_only = ProfileTable.from_rows([row(gpus=0.25)])
-    with pytest.raises(SpecError, match=r"does not execute shares of one GPU yet \(task 'a' has gpus=0.25\)"):
-        simulate(shares_only, ClusterSpec.uniform(1, 1), "saturn-static", SimConfig(noise=0.0))
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -335,7 +329,7 @@ def test_lower_bounds_never_exceed_the_exact_packing_optimum(seed):
 
 
 # ----------------------------------------------------------------------------- CLI
-def test_cli_plans_shares_and_types_and_refuses_to_simulate_them(capsys, tmp_path):
+def test_cli_plans_and_simulates_shares_and_types(capsys, tmp_path):
     import json
 
     from ray_saturn.cli import main
@@ -362,37 +356,31 @@ def test_cli_plans_shares_and_types_and_refuses_to_simulate_them(capsys, tmp_pat
     assert all("devices" in a for a in data["assignments"])
     assert plan.assignment("a").gpu_type == "fast" and plan.assignment("a").nodes == ("f",)
     assert sum(a.gpus == 0.25 for a in plan.assignments) >= 3  # quarters share the slow node's device
-    code = main(["simulate", str(prof), "--cluster", str(cluster)])
+    code = main(["simulate", str(prof), "--cluster", str(cluster), "--json", "--solver-time-limit", "0.5",
+                 "--policies", "saturn-replan,fifo-min-gpus,fifo-whole-node", "--plot", str(tmp_path / "g.png")])
     out, err = capsys.readouterr()
-    assert code == 2 and "does not execute rows measured on a GPU type yet" in err and err.count("\n") == 1
+    assert code == 0, err
+    assert json.loads(out)["policies"]["saturn-replan"]["makespan_s"] > 0
     prof.write_text("task,strategy,gpus,step_time_s,steps\na,single,0.3,1.0,100\n")
     code = main(["plan", str(prof), "--nodes", "1", "--gpus-per-node", "1"])
     out, err = capsys.readouterr()
     assert code == 2 and "row 1: gpus is 0.3; give a whole number >= 1, or a share" in err
 
 
-def test_run_and_emulate_refuse_shares_before_any_cluster_starts(capsys, tmp_path):
-    import torch
-
-    from ray_saturn import Task
+def test_emulate_checks_gpu_types_before_any_cluster_starts(capsys, tmp_path):
     from ray_saturn.cli import main
-    from ray_saturn.runtime.api import _check_profile
 
     prof = tmp_path / "p.csv"
-    prof.write_text("task,strategy,gpus,step_time_s,steps\na,single,1/2,1.0,10\na,single,1,0.8,10\n")
-    code = main(["emulate", str(prof), "--nodes", "1", "--gpus-per-node", "1", "--time-scale", "0.01"])
+    prof.write_text("task,strategy,gpus,step_time_s,steps,gpu_type\na,single,1/2,1.0,10,\na,single,1,0.8,10,A100\n"
+                    "b,single,1,0.8,10,A100\n")
+    args = ["emulate", str(prof), "--nodes", "2", "--gpus-per-node", "1", "--time-scale", "0.01"]
+    code = main([*args, "--gpu-types", "A100"])
     _, err = capsys.readouterr()
-    assert code == 2 and "ray-saturn emulate does not execute shares of one GPU yet (task 'a' has gpus=0.5)" in err
-    task = Task(
-        "a",
-        model=lambda hp: torch.nn.Linear(2, 1),
-        data=lambda hp: [],
-        loss=lambda o, b: o.sum(),
-        optimizer=lambda p, hp: torch.optim.SGD(p, lr=0.1),
-        max_steps=10,
-    )
-    with pytest.raises(SpecError, match=r"^ray_saturn.run does not execute shares of one GPU yet"):
-        _check_profile(ProfileTable.read(prof), [task])
+    assert code == 2 and err.count("\n") == 1
+    assert "1 GPU type(s) for 2 emulated node(s); give one per node, e.g. --gpu-types A100,A100" in err
+    code = main([*args, "--gpu-types", "T4,T4"])  # b has rows for A100 only
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and "task 'b' fits nowhere" in err and "types T4" in err
 
 
 def test_untyped_whole_gpu_profiles_plan_as_before_on_a_typed_cluster():

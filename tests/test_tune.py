@@ -798,3 +798,95 @@ def test_tuner_moves_a_trial_to_more_gpus_and_it_resumes_from_its_checkpoint(loc
     assert [s for s, _ in after] == list(range(resumed + 4, steps + 1, 4)), seen
     assert long.config["_saturn"]["gpus"] == 2
     assert _gpus_back(ray, 2) == 2
+
+
+# ------------------------------------------------------------ shares of one GPU and GPU types
+def quarters(config):
+    return [{"strategy": "single", "gpus": "1/4", "step_time_s": 0.05, "steps": 20}]
+
+
+def test_trials_planned_on_a_share_get_the_share_as_their_resources(fake_tune, no_background):
+    clock = Clock()
+    s = SaturnScheduler(quarters, cluster=ClusterSpec.uniform(1, 1), policy="saturn-static", clock=clock)
+    tune = fake_tune(s)
+    for i in range(5):
+        tune.add(f"q{i}", {"lr": 0.1})
+    started = tune.step()
+    assert len(started) == 4  # four quarters share the one GPU; the fifth waits for a quarter of it
+    for tid in started:
+        t = tune.trials[tid]
+        bundles = t.placement_group_factory.bundles
+        assert bundles == [{"CPU": pytest.approx(bundles[0]["CPU"]), "GPU": 0.25}]
+        assert t.config["_saturn"]["gpus"] == 0.25 and t.config["_saturn"]["devices"] == [0]
+        assert trial_decision(t.config).workers == 1
+    assert sum(e.gpus for e in s.gpu_events) == pytest.approx(1.0) and s.stats().max_gpus_in_use == 1.0
+    assert tune.step() == []
+    clock.t = 1.0
+    tune.complete(started[0])
+    assert tune.step() == ["q4"] and tune.trials["q4"].placement_group_factory.bundles[0]["GPU"] == 0.25
+
+
+def test_trial_rows_take_shares_and_types():
+    rows = trial_rows(
+        [
+            {"strategy": "single", "gpus": 0.25, "step_time_s": 0.3, "steps": 10},
+            {"strategy": "single", "gpus": 1, "step_time_s": 0.2, "steps": 10, "gpu_type": "A100"},
+            {"strategy": "single", "gpus": 1, "step_time_s": 0.4, "steps": 10, "gpu_type": "T4"},
+        ],
+        max_gpus_per_node=2,
+        gpu_types=("A100", None),
+    )
+    assert [(r.gpus, r.gpu_type) for r in rows.rows] == [(0.25, None), (1, "A100")]
+    assert rows.left_out == ("single on 1 GPU(s) of T4: no node is of type T4 (types: A100)",)
+    assert rows.to_rows("t")[1]["gpu_type"] == "A100"
+    with pytest.raises(TrialRejected, match=r"gpus is 0.3; give a whole number >= 1, or a share"):
+        trial_rows([{"strategy": "single", "gpus": 0.3, "step_time_s": 0.3, "steps": 10}], max_gpus_per_node=2)
+
+
+def test_typed_trial_runs_on_its_type_and_mixes_with_shares(fake_tune, no_background):
+    from ray_saturn.spec import NodeSpec
+
+    def typed(config):
+        if config["kind"] == "big":
+            return [{"strategy": "single", "gpus": 1, "step_time_s": 0.05, "steps": 20, "gpu_type": "fast"}]
+        return [{"strategy": "single", "gpus": 0.5, "step_time_s": 0.05, "steps": 20}]
+
+    cluster = ClusterSpec((NodeSpec("f", 1, gpu_type="fast"), NodeSpec("s", 1, gpu_type="slow")))
+    s = SaturnScheduler(typed, cluster=cluster, policy="saturn-static", clock=Clock())
+    tune = fake_tune(s)
+    tune.add("big", {"kind": "big"})
+    for i in range(2):
+        tune.add(f"h{i}", {"kind": "half"})
+    assert sorted(tune.step()) == ["big", "h0", "h1"]
+    assert tune.trials["big"].config["_saturn"]["node"] == "f"
+    assert tune.trials["big"].config["_saturn"]["gpu_type"] == "fast"
+    assert {tune.trials[f"h{i}"].config["_saturn"]["node"] for i in range(2)} == {"s"}
+
+
+@pytest.mark.ray
+def test_tuner_runs_two_half_share_trials_at_once_on_one_gpu(local_ray, tmp_path):
+    """A real Tuner: two trials whose only row is a 1/2 share get {"GPU": 0.5} bundles and train at
+    once on the one logical GPU (two training processes, what two cores hold)."""
+    from ray import tune
+
+    ray = local_ray(1)
+
+    def halves(config):
+        return [{"strategy": "single", "gpus": 0.5, "step_time_s": 0.05, "steps": 24}]
+
+    scheduler = SaturnScheduler(halves, restart_s=2.0, cpus_per_trial=0.25, policy="saturn-static")
+    tuner = tune.Tuner(
+        saturn_trainable(functools.partial(regression_task, max_steps=24), report_every=6),
+        param_space={"lr": tune.grid_search([0.3, 0.1]), "width": 16},
+        tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=scheduler, reuse_actors=False),
+        run_config=tune.RunConfig(name="saturn-halves", storage_path=str(tmp_path), verbose=0),
+    )
+    grid = tuner.fit()
+    scheduler.close()
+    assert len(grid) == 2 and not grid.errors
+    for r in grid:
+        assert r.config["_saturn"]["gpus"] == 0.5 and r.metrics["saturn_gpus"] == 0.5
+        assert r.config["_saturn"]["devices"] == [0] and r.metrics["saturn_step"] == 24
+    used, peak = _in_use(scheduler.gpu_events)
+    assert used == 0 and peak == pytest.approx(1.0)  # both held the GPU's halves at once
+    assert _gpus_back(ray, 1) == 1

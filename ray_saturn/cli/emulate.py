@@ -3,7 +3,9 @@
 Starts a local multi-node Ray cluster with logical GPUs, plans the profile
 and executes it with the driver actor, placement groups, progress reports,
 checkpoints and re-planning; each task's step sleeps step_time_s x
---time-scale (x a seeded noise factor). With --json, times are profile
+--time-scale (x a seeded noise factor). Shares of one GPU (gpus = 1/k) run
+as fractional-GPU bundles on one logical GPU; --gpu-types gives each node a
+GPU type for profiles with a gpu_type column. With --json, times are profile
 seconds (wall / time scale).
 """
 
@@ -77,6 +79,14 @@ def add_parser(sub) -> None:
         metavar="S",
         help=f"wall seconds per solver call ({defaults.EMULATE_SOLVER_TIME_LIMIT_S:g})",
     )
+    p.add_argument(
+        "--gpu-types",
+        type=lambda text: [t.strip() or None for t in text.split(",")],
+        default=None,
+        metavar="T,T,...",
+        help="one GPU type per emulated node (Ray's accelerator_type resource), e.g. fast,fast,slow,slow; "
+        "rows of a profile's gpu_type column run only on nodes of their type",
+    )
     add_storage_option(p, required=False, help="the run's folder, local path or URI (default: a new temporary folder)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -94,10 +104,13 @@ def run(args: argparse.Namespace) -> int:
     )
     profile = ProfileTable.read(args.profile)
     profile.check_feasible()
-    from ray_saturn.devices import refuse_unexecuted
+    from ray_saturn.runtime.emulation import check_emulated_types
+    from ray_saturn.spec import NodeSpec
 
-    refuse_unexecuted(profile, "ray-saturn emulate")
-    build_problem(profile, ClusterSpec.uniform(args.nodes, args.gpus_per_node))
+    types = check_emulated_types(args.nodes, args.gpu_types)
+    # The emulated nodes as the driver will see them (names aside): every task must fit one of its types.
+    build_problem(profile, ClusterSpec(tuple(NodeSpec(f"node-{i}", args.gpus_per_node, gpu_type=t)
+                                             for i, t in enumerate(types))))
     out = emulate(
         profile,
         args.nodes,
@@ -106,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         noise=args.noise,
         storage=args.storage,
         config=cfg,
+        gpu_types=args.gpu_types,
     )
     if args.json:
         print(json.dumps(out), file=json_stream())
@@ -113,7 +127,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"run folder: {out['run_dir']}")
     for t in out["tasks"]:
         segs = "; ".join(
-            f"{s['strategy']}x{s['gpus']} on {','.join(s['nodes'])} "
+            f"{s['strategy']}x{s['gpus']} on {','.join(s['nodes'])}"
+            + "".join(f" [{n} GPU {','.join(str(d) for d, _ in v)}]" for n, v in (s.get("devices") or {}).items())
+            + " "
             f"{s['start_s']:.0f}-{s['end_s'] if s['end_s'] is None else round(s['end_s'])}"
             for s in t["segments"]
         )

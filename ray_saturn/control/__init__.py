@@ -43,8 +43,10 @@ A driver loop (one event at a time)::
 ``execute`` runs the actions in order: each :class:`Stop` checkpoints and stops
 a task (it was moved), each :class:`Launch` starts a task on its placement's
 nodes, resuming at ``steps_done`` (after ``setup_s`` of restart for a moved
-task). The controller updates its own ledger of GPUs when it issues them; a
-launch that fails comes back as :class:`TaskFailed`. Several events that
+task). The controller updates its own ledger of GPUs when it issues them
+(per device: a share 1/k of one GPU holds 1/k of the device its launch names,
+see :mod:`ray_saturn.control.occupancy`); a launch that fails comes back as
+:class:`TaskFailed`. Several events that
 happen at the same instant may be passed to one ``handle`` call so that they
 cause one re-plan. ``ctl.log`` holds every event and every re-plan (with its
 reasons and move decisions) as JSON-ready dicts, for the run's JSONL log.

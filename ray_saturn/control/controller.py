@@ -43,6 +43,7 @@ from ray_saturn.control.events import (
     Tick,
 )
 from ray_saturn.control.moves import MoveDecision, decide_moves, moved_tasks
+from ray_saturn.control.occupancy import Occupancy
 from ray_saturn.control.replan import (
     ReplanInput,
     ReplanPolicy,
@@ -51,7 +52,6 @@ from ray_saturn.control.replan import (
     get_replan_policy,
 )
 from ray_saturn.control.state import RECENT_REPORTS, Placement, Segment, TaskProgress, TaskState
-from ray_saturn.devices import refuse_unexecuted
 from ray_saturn.errors import SaturnError
 from ray_saturn.plan import Plan
 from ray_saturn.profile_table import ProfileTable
@@ -170,7 +170,6 @@ class Controller:
         if solver_time_limit_s <= 0:
             raise SaturnError(f"solver time limit is {solver_time_limit_s} s; give a positive number")
         profile.check_feasible()
-        refuse_unexecuted(profile, "the controller (runtime, simulator, Tune)")
         self.profile = profile
         self.policy = get_replan_policy(policy) if isinstance(policy, str) else policy
         self.restart_s = float(restart_s)
@@ -253,14 +252,16 @@ class Controller:
             raise SaturnError("no node is left in the cluster; add a node to continue")
         return ClusterSpec(tuple(self.nodes.values()))
 
+    def occupancy(self) -> Occupancy:
+        """The controller's ledger: which devices of the alive nodes the running tasks hold."""
+        return Occupancy(
+            {n: s.gpus for n, s in self.nodes.items()},
+            [p.placement for p in self.tasks.values() if p.state is TaskState.RUNNING and p.placement is not None],
+        )
+
     def free_gpus(self) -> dict[str, int]:
-        """The controller's ledger: free GPUs per alive node."""
-        free = {n: s.gpus for n, s in self.nodes.items()}
-        for p in self.tasks.values():
-            if p.state is TaskState.RUNNING and p.placement is not None:
-                for n in p.placement.nodes:
-                    free[n] -= p.placement.per_node
-        return free
+        """Free whole GPUs per alive node (devices no running task holds any share of)."""
+        return self.occupancy().free_gpus()
 
     @property
     def min_replan_gap_s(self) -> float:
@@ -743,7 +744,7 @@ class Controller:
     def _planned_from(self, a, now: float) -> PlannedTask:
         return PlannedTask(
             a.task,
-            Placement(a.strategy, a.gpus, a.nodes),
+            Placement(a.strategy, a.gpus, a.nodes, a.gpu_type, a.devices),
             now + a.start_s,
             now + a.end_s,
             a.setup_s,
@@ -764,7 +765,7 @@ class Controller:
         }
         for a in plan.assignments:
             self.planned[a.task] = self._planned_from(a, now)
-            cfg = inp.profile.get(a.task, a.strategy, a.gpus, len(a.nodes))
+            cfg = inp.profile.get(a.task, a.strategy, a.gpus, len(a.nodes), a.gpu_type)
             self._plan_step_time[a.task] = float(cfg.step_time_s or 0.0)
             p = self.tasks[a.task]
             if p.state is TaskState.RUNNING and p.measured_step_time_s is not None:
@@ -777,7 +778,7 @@ class Controller:
         if not queue:
             return []
         out = []
-        for pt in dispatch(queue, self.free_gpus(), now_s=now):
+        for pt in dispatch(queue, self.occupancy(), now_s=now):
             p = self.tasks[pt.task]
             # Before its first step: the restart set-up the plan allowed and the configuration's start-up.
             setup = pt.setup_s + self.profile.get(pt.task, *pt.placement.config_key).startup_s

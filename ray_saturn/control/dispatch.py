@@ -8,7 +8,9 @@ starts as soon as its GPUs are free, which may be before its planned start
 tasks are visited in planned-start order; a task launches when every task
 planned before it on any of its nodes has launched and its nodes have the
 GPUs free now. The per-node orders come from a valid schedule, so they are
-acyclic and the execution never deadlocks.
+acyclic and the execution never deadlocks. With shares of one GPU the GPUs
+are devices: a task launches when its nodes have devices with room for it
+(:mod:`ray_saturn.control.occupancy`).
 
 Example:
     >>> from ray_saturn.control.state import Placement
@@ -21,8 +23,9 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ray_saturn.control.occupancy import Occupancy
 from ray_saturn.control.state import Placement
 
 __all__ = ["Launch", "PlannedTask", "Stop", "dispatch"]
@@ -87,13 +90,19 @@ class Stop:
         }
 
 
-def dispatch(queue: Iterable[PlannedTask], free: Mapping[str, int], *, now_s: float) -> list[PlannedTask]:
+def dispatch(
+    queue: Iterable[PlannedTask], free: Mapping[str, int] | Occupancy, *, now_s: float
+) -> list[PlannedTask]:
     """The queued planned tasks to launch now (see the module docstring).
 
     ``queue`` holds the planned tasks that are waiting; ``free`` the free GPUs
-    per node (nodes missing from it are treated as gone).
+    per node, or the device :class:`~ray_saturn.control.occupancy.Occupancy`
+    of the running tasks (nodes missing from it are treated as gone). A task
+    that names devices (shares of one GPU, plans of GPU types) is returned
+    with the devices it gets now: its planned ones when they have room, else
+    others of its planned nodes (:meth:`Occupancy.fit`).
     """
-    left = dict(free)
+    occ = free if isinstance(free, Occupancy) else Occupancy(free)
     blocked: set[str] = set()
     out: list[PlannedTask] = []
     for p in sorted(queue, key=lambda p: (p.start_s, p.task)):
@@ -101,11 +110,10 @@ def dispatch(queue: Iterable[PlannedTask], free: Mapping[str, int], *, now_s: fl
         if blocked.intersection(nodes):
             blocked.update(nodes)
             continue
-        q = p.placement.per_node
-        if all(left.get(n, -1) >= q for n in nodes):
-            for n in nodes:
-                left[n] -= q
-            out.append(p)
+        placed = occ.fit(p.placement)
+        if placed is not None:
+            occ.take(placed)
+            out.append(p if placed == p.placement else replace(p, placement=placed))
         else:
             blocked.update(nodes)
     return out

@@ -70,8 +70,8 @@ def moved_tasks(running: Mapping[str, Placement], plan: Plan) -> dict[str, Place
         cur = running.get(a.task)
         if cur is None:
             continue
-        new = Placement(a.strategy, a.gpus, a.nodes)
-        if new != cur or a.setup_s > 0 or a.start_s > 0:
+        new = Placement(a.strategy, a.gpus, a.nodes, a.gpu_type, a.devices)
+        if not new.same_config(cur) or a.setup_s > 0 or a.start_s > 0:
             out[a.task] = new  # elsewhere, or stopped and restarted later on the same nodes
     return out
 

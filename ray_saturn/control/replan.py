@@ -159,7 +159,7 @@ def build_replan_input(
                 rows.append(_scaled(c, remaining, None))
                 continue
             st = c.step_time_s * p.slowdown
-            if current is not None and c.key[1:] == current.config_key:
+            if current is not None and (*c.key[1:], c.gpu_type) == current.config_key:
                 st = p.step_time_s() or st
                 setup_left = p.setup_left_s(now_s)
                 if setup_left > 0:
@@ -178,6 +178,8 @@ def build_replan_input(
                     # stop + save + load; the target's start-up is in its row
                     restart_s=restart_s + here.move_cost_s,
                     movable=movable and p.setup_left_s(now_s) <= 0 and p.task not in pinned,
+                    gpu_type=current.gpu_type,
+                    devices=current.device_map(),  # kept in place, it keeps the devices it holds
                 )
             )
     table = ProfileTable.from_configs(rows, source=f"{profile.source}@{now_s:.0f}s")

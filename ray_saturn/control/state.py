@@ -47,28 +47,83 @@ class TaskState(str, enum.Enum):
     FAILED = "failed"
 
 
+Devices = tuple[tuple[str, tuple[tuple[int, float], ...]], ...]
+
+
 @dataclass(frozen=True)
 class Placement:
-    """A configuration on concrete nodes: ``gpus`` split evenly over ``nodes``."""
+    """A configuration on concrete nodes: ``gpus`` split evenly over ``nodes``.
+
+    ``gpus`` may be a share 1/k of one device (one node). ``gpu_type`` is the
+    GPU type of the profile row it runs (``None``: the untyped row);
+    ``devices`` per node the devices it holds and its share of each (``None``:
+    whole GPUs somewhere on its nodes). Give ``devices`` as a mapping
+    ``{node: [(device, share), ...]}``; it is kept as a tuple (hashable) and
+    read back with :meth:`device_map`. Two placements with the same
+    configuration and nodes are the same placement whatever their devices
+    (:meth:`same_config`).
+
+    Example:
+        >>> p = Placement("single", 0.25, ("node-0",), devices={"node-0": [(1, 0.25)]})
+        >>> p.per_node, p.config_key, p.device_map()
+        (0.25, ('single', 0.25, 1, None), {'node-0': ((1, 0.25),)})
+    """
 
     strategy: str
-    gpus: int
+    gpus: int | float
     nodes: tuple[str, ...]
+    gpu_type: str | None = None
+    devices: Devices | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(self.nodes))
+        if self.devices is not None:
+            items = self.devices.items() if isinstance(self.devices, Mapping) else self.devices
+            object.__setattr__(
+                self, "devices", tuple(sorted((str(n), tuple((int(d), float(x)) for d, x in v)) for n, v in items))
+            )
 
     @property
-    def per_node(self) -> int:
-        return self.gpus // len(self.nodes)
+    def is_share(self) -> bool:
+        return self.gpus < 1
 
     @property
-    def config_key(self) -> tuple[str, int, int]:
-        """(strategy, gpus, node count): the profile row, independent of the node names."""
-        return (self.strategy, self.gpus, len(self.nodes))
+    def per_node(self) -> int | float:
+        return self.gpus if self.gpus < 1 else int(self.gpus) // len(self.nodes)
+
+    @property
+    def config_key(self) -> tuple[str, int | float, int, str | None]:
+        """(strategy, gpus, node count, GPU type): the profile row, independent of the node names."""
+        return (self.strategy, self.gpus, len(self.nodes), self.gpu_type)
+
+    def device_map(self) -> dict[str, tuple[tuple[int, float], ...]] | None:
+        """``devices`` as ``{node: ((device, share), ...)}`` (``None`` when not named)."""
+        return None if self.devices is None else dict(self.devices)
+
+    def same_config(self, other: Placement) -> bool:
+        """The same configuration on the same nodes (devices aside)."""
+        return (self.config_key, self.nodes) == (other.config_key, other.nodes)
 
     def to_dict(self) -> dict:
-        return {"strategy": self.strategy, "gpus": self.gpus, "nodes": list(self.nodes)}
+        out: dict[str, Any] = {"strategy": self.strategy, "gpus": self.gpus, "nodes": list(self.nodes)}
+        if self.gpu_type is not None:
+            out["gpu_type"] = self.gpu_type
+        if self.devices is not None:
+            out["devices"] = {n: [[d, x] for d, x in v] for n, v in self.devices}
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Placement:
+        """Read :meth:`to_dict`'s form (raises ``KeyError``/``TypeError``/``ValueError`` when malformed)."""
+        g = float(d["gpus"])
+        devices = d.get("devices")
+        return cls(
+            str(d["strategy"]),
+            g if g < 1 else int(g),
+            tuple(str(n) for n in d.get("nodes") or ()),
+            None if d.get("gpu_type") is None else str(d["gpu_type"]),
+            None if devices is None else {str(n): [(int(x), float(y)) for x, y in v] for n, v in devices.items()},
+        )
 
 
 @dataclass
@@ -150,7 +205,7 @@ class Segment:
 
         end = d.get("steps_end")
         return cls(
-            Placement(str(d["strategy"]), int(d["gpus"]), tuple(str(n) for n in d.get("nodes") or ())),
+            Placement.from_dict(d),
             float(start),
             setup_s=float(d.get("setup_s") or 0.0),
             end_s=opt_float("end_s"),

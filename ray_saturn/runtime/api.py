@@ -306,6 +306,3 @@ def _check_profile(profile: ProfileTable, tasks: list[Task]) -> None:
 
     profile.check_strategies(strategy_names())
     profile.check_feasible()
-    from ray_saturn.devices import refuse_unexecuted
-
-    refuse_unexecuted(profile, "ray_saturn.run")

@@ -126,7 +126,7 @@ class RunSettings:
     workload_digest: str | None = None  # sha256 of the workload file at `run` (resume refuses another)
     report_interval_s: float = 0.5
     cpus_per_worker: float = 0.0
-    emulated_cluster: dict[str, int] | None = None  # {"nodes": N, "gpus_per_node": G}
+    emulated_cluster: dict[str, Any] | None = None  # {"nodes": N, "gpus_per_node": G[, "gpu_types": [T, ...]]}
     arrivals: dict[str, float] = field(default_factory=dict)  # task -> arrival (profile s)
 
     def __post_init__(self) -> None:

@@ -461,10 +461,11 @@ class Driver:
                 if any(n not in self.manager.ledger.nodes for n in pl.nodes):
                     # The node went away after the plan; the control plane re-plans on NodeLost.
                     continue
-                if not self.manager.ledger.fits(pl.nodes, pl.per_node):
+                where = {"devices": pl.device_map(), "gpu_type": pl.gpu_type}
+                if not self.manager.ledger.fits(pl.nodes, pl.per_node, **where):
                     continue
                 try:
-                    self.manager.reserve(task, pl.nodes, pl.per_node)
+                    self.manager.reserve(task, pl.nodes, pl.per_node, **where)
                 except LedgerError as exc:
                     logger.debug("cannot reserve %s yet: %s", task, exc)
                     continue
@@ -482,7 +483,7 @@ class Driver:
         rec.waiting = False
         self._attempt[task] = attempt
         pl: Placement = launch.placement
-        cfg = self.profile.get(task, pl.strategy, pl.gpus, len(pl.nodes))
+        cfg = self.profile.get(task, *pl.config_key)
         step_time = cfg.step_time_s or 1.0
         every = max(1, round(self.config.checkpoint_interval_s / step_time))
         spec = LaunchSpec(
@@ -494,9 +495,11 @@ class Driver:
             target_step=rec.total_steps,
             checkpoint_dir=self.storage.task_dir(task),
             checkpoint_every=every,
-            knobs=knobs_for(self.profile, *cfg.key),
+            knobs=_knobs(self.profile, cfg, knobs_for),
             step_time_s=cfg.step_time_s,
             startup_s=cfg.startup_s,
+            gpu_type=pl.gpu_type,
+            devices=pl.device_map(),
         )
         seg = Segment(pl, self.now(), steps_start=rec.checkpointed_step, status="launching", attempt=attempt)
         rec.segments.append(seg)
@@ -550,7 +553,7 @@ class Driver:
             seg.status = "running"
         self.metrics.task_state(ev.task, "running", gpus=seg.gpus)
         latency = seg.first_step_s - seg.start_s
-        cfg = self.profile.get(ev.task, seg.strategy, seg.gpus, len(seg.nodes))
+        cfg = self.profile.get(ev.task, *seg.placement.config_key)
         planned = cfg.startup_s + (cfg.checkpoint_load_s if seg.steps_start > 0 else 0.0)
         self._latencies.append(max(0.0, latency - planned))
         self.log(
@@ -722,3 +725,18 @@ class Driver:
                 "tasks": {t: r.to_dict(now) for t, r in self.records.items()},
             },
         )
+
+
+def _knobs(profile: ProfileTable, cfg: Any, knobs_for: Any) -> dict[str, Any]:
+    """The knobs the profiler chose for row ``cfg`` (a row of a GPU type: read from that row)."""
+    if cfg.gpu_type is None:
+        return knobs_for(profile, *cfg.key)
+    from ray_saturn.profiler import parse_knobs
+
+    arrow = profile.to_arrow()
+    if "knobs" not in arrow.column_names:
+        return {}
+    for row in arrow.select(["task", "strategy", "gpus", "nodes", "gpu_type", "knobs"]).to_pylist():
+        if (row["task"], row["strategy"], row["gpus"], row["nodes"], row["gpu_type"]) == cfg.row_key:
+            return parse_knobs(row["knobs"], f"{profile.source}: knobs of {cfg.row_key}")
+    return {}

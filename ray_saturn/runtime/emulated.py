@@ -2,7 +2,7 @@
 
 Each segment is a Ray task scheduled *inside* the placement group that the
 manager reserved for it (bundle 0, ``num_gpus`` = the GPUs per node of the
-assignment; the other bundles of a multi-node assignment stay held by the
+assignment, or its share 1/k of one GPU; the other bundles of a multi-node assignment stay held by the
 group). Its step sleeps ``true_step_time_s x time_scale``. The true step
 times are drawn exactly as the simulator draws them
 (:func:`ray_saturn.sim.workload.true_step_times`: a seeded per-task factor
@@ -140,7 +140,7 @@ class EmulatedLauncher(Launcher):
         manager: PlacementGroupManager,
         *,
         time_scale: float,
-        truth: Mapping[tuple[str, str, int, int], float] | None = None,
+        truth: Mapping[tuple, float] | None = None,
         report_interval_s: float = 0.25,
     ) -> None:
         import ray
@@ -191,7 +191,10 @@ class EmulatedLauncher(Launcher):
     def launch(self, spec: LaunchSpec) -> None:
         if spec.step_time_s is None:
             raise ValueError(f"task {spec.task!r}: an emulated segment needs the profile's step time")
-        true_step = self.truth.get((spec.task, spec.strategy, spec.gpus, len(spec.nodes)), spec.step_time_s)
+        from ray_saturn.sim.workload import truth_key
+
+        key = truth_key(spec.task, spec.strategy, spec.gpus, len(spec.nodes), spec.gpu_type)
+        true_step = self.truth.get(key, spec.step_time_s)
         wall_step = true_step * self.time_scale
         ref = self._remote.options(
             num_gpus=spec.gpus_per_node,

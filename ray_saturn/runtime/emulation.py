@@ -17,7 +17,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -35,6 +35,7 @@ from ray_saturn.runtime.storage import RunStorage
 __all__ = [
     "MAX_EMULATED_NODES",
     "check_emulated_nodes",
+    "check_emulated_types",
     "emulate",
     "emulated_cluster",
     "emulated_context",
@@ -82,6 +83,26 @@ def check_emulated_nodes(nodes: int) -> int:
             f"allows {limit}; give --nodes <= {limit} (more GPUs per node cost nothing)"
         )
     return nodes
+
+
+def check_emulated_types(nodes: int, gpu_types: Sequence[str | None] | None) -> list[str | None]:
+    """One GPU type (or ``None``) per emulated node, or a one-line :class:`SpecError`.
+
+    Example:
+        >>> check_emulated_types(2, ["fast", None]), check_emulated_types(2, None)
+        (['fast', None], [None, None])
+    """
+    from ray_saturn.spec import check_gpu_type
+
+    if gpu_types is None:
+        return [None] * nodes
+    types = [check_gpu_type(t, f"GPU type of emulated node {i}") for i, t in enumerate(gpu_types)]
+    if len(types) != nodes:
+        raise SpecError(
+            f"{len(types)} GPU type(s) for {nodes} emulated node(s); give one per node, e.g. "
+            f"--gpu-types {','.join(['A100'] * nodes)}"
+        )
+    return types
 
 
 #: Ray's switch between a cluster on the machine's address and one on the loopback address only.
@@ -147,8 +168,14 @@ def private_ray_environment() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def emulated_cluster(nodes: int, gpus_per_node: int, *, cpus_per_node: int | None = None) -> Iterator[Any]:
+def emulated_cluster(
+    nodes: int, gpus_per_node: int, *, cpus_per_node: int | None = None, gpu_types: Sequence[str | None] | None = None
+) -> Iterator[Any]:
     """A local ``ray.cluster_utils.Cluster``: a GPU-less head and ``nodes`` nodes of logical GPUs.
+
+    ``gpu_types``, one per node (``None``: untyped), gives node i Ray's
+    ``accelerator_type:<T>`` resource, which :meth:`ClusterSpec.from_ray` reads
+    as its ``gpu_type``.
 
     Each node gets as many logical CPUs as GPUs (default), so Ray keeps that
     many idle worker processes per node and relaunches reuse them. The
@@ -158,6 +185,7 @@ def emulated_cluster(nodes: int, gpus_per_node: int, *, cpus_per_node: int | Non
     (:func:`check_emulated_nodes`) before any process starts.
     """
     check_emulated_nodes(nodes)
+    types = check_emulated_types(nodes, gpu_types)
     if cpus_per_node is None:
         cpus_per_node = gpus_per_node
     import ray
@@ -185,8 +213,9 @@ def emulated_cluster(nodes: int, gpus_per_node: int, *, cpus_per_node: int | Non
                 initialize_head=True,
                 head_node_args={"num_cpus": 1, "num_gpus": 0, "_system_config": system_config},
             )
-            for _ in range(nodes):
-                cluster.add_node(num_cpus=cpus_per_node, num_gpus=gpus_per_node)
+            for t in types:
+                extra = {"resources": {f"accelerator_type:{t}": 1.0}} if t else {}
+                cluster.add_node(num_cpus=cpus_per_node, num_gpus=gpus_per_node, **extra)
             ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
             cluster.wait_for_nodes()
             yield cluster
@@ -205,7 +234,8 @@ def emulated_context(journal: Journal) -> Iterator[None]:
         yield
         return
     info = journal.read_settings().get("emulated_cluster") or {}
-    with emulated_cluster(int(info.get("nodes", 1)), int(info.get("gpus_per_node", 1))):
+    nodes, gpus = int(info.get("nodes", 1)), int(info.get("gpus_per_node", 1))
+    with emulated_cluster(nodes, gpus, gpu_types=info.get("gpu_types")):
         yield
 
 
@@ -223,6 +253,7 @@ def emulate(
     use_running_ray: bool = False,
     name: str | None = None,
     arrivals: Mapping[str, float] | None = None,
+    gpu_types: Sequence[str | None] | None = None,
 ) -> dict[str, Any]:
     """Run the real runtime on emulated tasks (contract 3); times in profile seconds.
 
@@ -231,6 +262,7 @@ def emulate(
     ``{"planned_makespan_s", "realised_makespan_s", "moves", "replans",
     "tasks": [{"task", "state", "steps_done", "segments": [...]}]}``.
 
+    ``gpu_types``: one GPU type per emulated node (see :func:`emulated_cluster`).
     ``config`` defaults to :func:`~ray_saturn.runtime.config.emulation_config`;
     ``policy`` and ``seed``, when given, must agree with ``config``'s (or
     set them when there is no ``config``).
@@ -254,11 +286,13 @@ def emulate(
         driver=cfg,
         time_scale=time_scale,
         noise=noise,
-        emulated_cluster={"nodes": nodes, "gpus_per_node": gpus_per_node},
+        emulated_cluster={"nodes": nodes, "gpus_per_node": gpus_per_node,
+                          **({"gpu_types": list(gpu_types)} if gpu_types else {})},
         arrivals=dict(arrivals or {}),
     )
     if not use_running_ray:
         check_emulated_nodes(nodes)  # before anything is written or started
+        check_emulated_types(nodes, gpu_types)
     if storage is None:
         import tempfile
 
@@ -267,7 +301,8 @@ def emulate(
     check_new_run_folder(store)  # a folder that holds a run: refused before its lock is touched
     with RunLease(store, command="emulate", run_name=name).held() as lease:
         prepare_run(store, settings, table)
-        ctx = contextlib.nullcontext() if use_running_ray else emulated_cluster(nodes, gpus_per_node)
+        ctx = (contextlib.nullcontext() if use_running_ray
+               else emulated_cluster(nodes, gpus_per_node, gpu_types=gpu_types))
         with ctx:
             reclaim_dead_runs()
             t0 = time.time()
@@ -293,6 +328,7 @@ def emulation_report(result: DriverResult) -> dict[str, Any]:
                 "first_step_s": None if s.first_step_s is None else round(s.first_step_s, 3),
                 "end_s": None if s.end_s is None else round(s.end_s, 3),
                 "status": s.status,
+                **{k: v for k, v in s.placement.to_dict().items() if k in ("devices", "gpu_type")},
             }
             for s in rec.segments
         ]

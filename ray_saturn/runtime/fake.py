@@ -171,8 +171,10 @@ class LedgerManager:
         self._lost: list[str] = []
         self._added: list[NodeSpec] = []
 
-    def reserve(self, task: str, nodes: tuple[str, ...], gpus_per_node: int) -> Reservation:
-        return self.ledger.reserve(task, nodes, gpus_per_node)
+    def reserve(
+        self, task: str, nodes: tuple[str, ...], gpus_per_node: int | float, *, devices=None, gpu_type=None
+    ) -> Reservation:
+        return self.ledger.reserve(task, nodes, gpus_per_node, devices=devices, gpu_type=gpu_type)
 
     def is_ready(self, task: str) -> bool:
         return self.ledger.holder(task) is not None

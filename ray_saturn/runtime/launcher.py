@@ -59,7 +59,7 @@ class LaunchSpec:
     task: str
     attempt: int
     strategy: str
-    gpus: int
+    gpus: int | float
     nodes: tuple[str, ...]
     target_step: int
     checkpoint_dir: str
@@ -67,10 +67,14 @@ class LaunchSpec:
     knobs: dict[str, Any] = field(default_factory=dict)
     step_time_s: float | None = None  # the profile's estimate (emulation sleeps on it)
     startup_s: float = 0.0  # the profile's launch-to-first-step (emulation sleeps it first)
+    gpu_type: str | None = None  # the GPU type of its row (None: the untyped row)
+    #: per node, the devices the plan gave it and its share of each (None: whole GPUs somewhere)
+    devices: dict[str, tuple[tuple[int, float], ...]] | None = None
 
     @property
-    def gpus_per_node(self) -> int:
-        return self.gpus // len(self.nodes)
+    def gpus_per_node(self) -> int | float:
+        """GPUs per node, or the share 1/k of one GPU a single worker of a shared device gets."""
+        return self.gpus if self.gpus < 1 else int(self.gpus) // len(self.nodes)
 
     @property
     def key(self) -> tuple[str, int]:

@@ -8,8 +8,11 @@ group that *holds* those GPUs on exactly the planned nodes:
 
 - one node: one bundle ``{"GPU": g}``, ``STRICT_PACK``;
 - ``k`` nodes: ``k`` bundles of ``g / k`` GPUs, ``STRICT_SPREAD``;
+- a share 1/k of one GPU: one bundle ``{"GPU": 1/k}`` (Ray's fractional
+  GPU resource: up to k such bundles share one device);
 - every bundle carries ``bundle_label_selector={"ray.io/node-id": <id>}``,
-  so Ray places it on the planned node and nowhere else.
+  so Ray places it on the planned node and nowhere else (for a row of a GPU
+  type, a node of that type: the ledger refuses any other).
 
 The hold becomes *ready* only when the GPUs are physically free on those
 nodes (a previous task's trainer has let go of them), so launching waits on
@@ -51,7 +54,7 @@ from typing import Any
 
 from ray_saturn.errors import SaturnError
 from ray_saturn.runtime.ledger import GpuLedger, LedgerError, Reservation
-from ray_saturn.spec import ClusterSpec, NodeSpec
+from ray_saturn.spec import ClusterSpec, NodeSpec, ray_node_gpu_type
 
 __all__ = ["NodeChanges", "PlacementGroupManager", "TrainerPlacement"]
 
@@ -69,12 +72,14 @@ class TrainerPlacement:
     label_selector: tuple[dict[str, str], ...]
     placement_strategy: str
     cpus_per_worker: float = 0.0
+    #: GPUs per worker: 1, or the share 1/k of one GPU the plan gave a single worker.
+    gpus_per_worker: float = 1.0
 
     def scaling_config(self) -> Any:
-        """The ``ray.train.ScalingConfig`` that pins the workers (one GPU each)."""
+        """The ``ray.train.ScalingConfig`` that pins the workers (one GPU, or a share of one, each)."""
         from ray.train import ScalingConfig
 
-        resources: dict[str, float] = {"GPU": 1}
+        resources: dict[str, float] = {"GPU": self.gpus_per_worker if self.gpus_per_worker < 1 else 1}
         if self.cpus_per_worker:
             resources["CPU"] = self.cpus_per_worker
         return ScalingConfig(
@@ -115,11 +120,15 @@ class PlacementGroupManager:
         self._ready: dict[str, Any] = {}
 
     # --------------------------------------------------------- reserving
-    def reserve(self, task: str, nodes: Iterable[str], gpus_per_node: int) -> Reservation:
-        """Book the GPUs in the ledger and hold them with a placement group."""
+    def reserve(
+        self, task: str, nodes: Iterable[str], gpus_per_node: int | float, *, devices: Any = None,
+        gpu_type: str | None = None,
+    ) -> Reservation:
+        """Book the GPUs (or a share of one: ``gpus_per_node`` = 1/k, on the ``devices`` the plan
+        named) in the ledger and hold them with a placement group pinned to the planned nodes."""
         from ray.util.placement_group import placement_group
 
-        res = self.ledger.reserve(task, nodes, gpus_per_node)
+        res = self.ledger.reserve(task, nodes, gpus_per_node, devices=devices, gpu_type=gpu_type)
         ids = [self.ledger.node_id(n) for n in res.nodes]
         bundles = [{"GPU": float(gpus_per_node)} for _ in res.nodes]
         strategy = "STRICT_PACK" if len(res.nodes) == 1 else "STRICT_SPREAD"
@@ -170,13 +179,14 @@ class PlacementGroupManager:
         self._remove_hold(task)
         selectors: list[dict[str, str]] = []
         for n in res.nodes:
-            selectors += [{NODE_LABEL: str(self.ledger.node_id(n))}] * res.gpus_per_node
+            selectors += [{NODE_LABEL: str(self.ledger.node_id(n))}] * (1 if res.is_share else int(res.gpus_per_node))
         return TrainerPlacement(
             task=task,
-            num_workers=res.gpus,
+            num_workers=len(selectors),
             label_selector=tuple(selectors),
             placement_strategy="STRICT_PACK" if len(res.nodes) == 1 else "SPREAD",
             cpus_per_worker=self.cpus_per_worker,
+            gpus_per_worker=float(res.gpus_per_node) if res.is_share else 1.0,
         )
 
     def release(self, task: str) -> Reservation | None:
@@ -221,7 +231,7 @@ class PlacementGroupManager:
             gpus = int(info.get("Resources", {}).get("GPU", 0))
             if info.get("Alive") and gpus >= 1:
                 nid = info["NodeID"]
-                alive[nid] = NodeSpec(f"node-{nid[:8]}", gpus, nid)
+                alive[nid] = NodeSpec(f"node-{nid[:8]}", gpus, nid, ray_node_gpu_type(info))
         changes = NodeChanges()
         known = {self.ledger.node_id(n): n for n in self.ledger.nodes}
         for nid, name in known.items():

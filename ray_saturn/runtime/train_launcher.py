@@ -4,7 +4,10 @@ For a segment the launcher asks the placement-group manager to hand the
 reservation over (see :mod:`ray_saturn.runtime.pg_manager`), builds
 
 - ``ScalingConfig`` from the hand-over: one worker per GPU, each pinned by
-  ``label_selector`` to its planned node, ``STRICT_PACK`` on one node;
+  ``label_selector`` to its planned node, ``STRICT_PACK`` on one node; a
+  share 1/k of one GPU is one worker with ``resources_per_worker={"GPU": 1/k}``
+  (Ray Train V2 takes fractional GPUs per worker; up to k segments then share
+  the device);
 - ``RunConfig(name=<task>, storage_path=<run folder>/tasks,
   storage_filesystem=<the run's pyarrow filesystem>)``, so the Ray
   dashboard's Train view shows one run per task, Ray Train's own state lives
@@ -124,7 +127,7 @@ class TrainLauncher(Launcher):
         self._specs: dict[str, LaunchSpec] = {}
         self._stop_requested: set[tuple[str, int]] = set()
 
-    def _backend_name(self, task: str) -> str:
+    def _backend_name(self, task: str, gpus: float = 1.0) -> str:
         if self._backend is None:
             import ray
 
@@ -134,8 +137,9 @@ class TrainLauncher(Launcher):
 
                 return distributed_backend()
 
-            # Probe on one of the task's own GPUs (inside its hold): every other GPU may be held.
-            probe = _backend.options(scheduling_strategy=self.manager.bundle_strategy(task, 0))
+            # Probe on one of the task's own GPUs, or its share of one (inside its hold): every other
+            # GPU may be held.
+            probe = _backend.options(num_gpus=min(1.0, gpus), scheduling_strategy=self.manager.bundle_strategy(task, 0))
             self._backend = ray.get(probe.remote())
             logger.info("torch.distributed backend: %s", self._backend)
         return self._backend
@@ -144,7 +148,7 @@ class TrainLauncher(Launcher):
         task = self.tasks.get(spec.task)
         if task is None:
             raise SaturnError(f"task {spec.task!r} is not in the workload given to the runtime")
-        backend = self._backend_name(spec.task)
+        backend = self._backend_name(spec.task, spec.gpus_per_node)
         placement = self.manager.hand_over(spec.task)
         t = threading.Thread(
             target=self._fit,

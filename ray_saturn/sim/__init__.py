@@ -18,6 +18,7 @@ from ray_saturn.sim.simulator import (
     compare,
     oracle_completion_bound,
     oracle_lower_bound,
+    realised_plan,
     simulate,
 )
 from ray_saturn.sim.workload import (
@@ -40,6 +41,7 @@ __all__ = [
     "parse_arrivals",
     "parse_failures",
     "random_failures",
+    "realised_plan",
     "simulate",
     "true_step_times",
 ]

@@ -99,7 +99,7 @@ def _gantt(ax, r: SimResult, cluster: ClusterSpec | None, max_rows: int) -> None
         for rec in r.tasks:
             for s in rec.segments:
                 for n in s.nodes:
-                    nodes[n] = max(nodes.get(n, 0), s.gpus // len(s.nodes))
+                    nodes[n] = max(nodes.get(n, 0), max(1, int(s.gpus) // len(s.nodes)))
     per_gpu = sum(nodes.values()) <= max_rows
     base, y = {}, 0
     for n, g in nodes.items():
@@ -112,11 +112,17 @@ def _gantt(ax, r: SimResult, cluster: ClusterSpec | None, max_rows: int) -> None
     colour = {rec.task: cmap[i % len(cmap)] for i, rec in enumerate(r.tasks)}
     for s, task in segs:
         start, end = s.start_s / 3600, (s.end_s or s.start_s) / 3600
-        q = s.gpus // len(s.nodes)
+        q = max(1, int(s.gpus) // len(s.nodes))
+        devices = s.placement.device_map() or {}
         for n in s.nodes:
-            rows = [base[n]] if not per_gpu else _take(busy_until, n, base[n], nodes[n], q, start, end)
-            for row in rows:
-                ax.broken_barh([(start, end - start)], (row, 0.9), color=colour[task], lw=0)
+            if not per_gpu:
+                bands = [(base[n], 0.9)]
+            elif n in devices:  # the devices it held; a share of one draws as its part of the row
+                bands = [_band(busy_until, n, base[n], d, share, start, end) for d, share in devices[n]]
+            else:
+                bands = [(row, 0.9) for row in _take(busy_until, n, base[n], nodes[n], q, start, end)]
+            for row, height in bands:
+                ax.broken_barh([(start, end - start)], (row, height), color=colour[task], lw=0)
                 if s.setup_s:
                     ax.broken_barh(
                         [(start, s.setup_s / 3600)], (row, 0.9), facecolor="none", edgecolor="k", hatch="///", lw=0
@@ -133,6 +139,17 @@ def _take(busy_until, node, base, gpus, q, start, end) -> list[int]:
     for i in rows:
         busy_until[(node, i)] = end
     return [base + i for i in rows]
+
+
+def _band(busy_until, node, base, device, share, start, end) -> tuple[float, float]:
+    """The row part (offset, height) a ``share`` of ``device`` takes: its first free eighths."""
+    k = max(1, round(8 * min(1.0, share)))
+    free = [i for i in range(8) if busy_until.get((node, device, i), -1.0) <= start + 1e-9]
+    slots = free[:k] if len(free) >= k else list(range(k))
+    for i in slots:
+        busy_until[(node, device, i)] = end
+    busy_until[(node, device)] = max(busy_until.get((node, device), -1.0), end)
+    return base + device + 0.9 * min(slots) / 8, 0.9 * k / 8
 
 
 def _colours(n: int) -> list:

@@ -23,8 +23,12 @@ Model of the world:
   ``solver_time_s``).
 
 The simulator checks the realised execution as it goes (a node never holds
-more than its GPUs, every task runs its steps exactly once) and raises
-:class:`SimulationError` otherwise; every plan the controller installs is
+more than its GPUs, a device never more than one GPU of shares, a task of a
+GPU type's row runs only on nodes of that type, every task runs its steps
+exactly once) and, at the end, the realised timeline with the plan
+validator's per-device check (:func:`realised_plan`,
+:func:`ray_saturn.devices.check_devices`); it raises
+:class:`SimulationError` otherwise. Every plan the controller installs is
 valid for its input (the solver validates it).
 
 Example:
@@ -65,9 +69,9 @@ from ray_saturn.control import (
 )
 from ray_saturn.errors import SaturnError, SpecError
 from ray_saturn.limits import MAX_NOISE, MAX_SEED, number, whole
-from ray_saturn.plan import Plan
+from ray_saturn.plan import Assignment, Plan
 from ray_saturn.profile_table import ProfileTable
-from ray_saturn.sim.workload import NodeFailure, true_step_times
+from ray_saturn.sim.workload import NodeFailure, true_step_times, truth_key
 from ray_saturn.solver.objective import parse_objective
 from ray_saturn.spec import ClusterSpec
 from ray_saturn.stepping import steps_done_by
@@ -80,6 +84,7 @@ __all__ = [
     "compare",
     "oracle_completion_bound",
     "oracle_lower_bound",
+    "realised_plan",
     "simulate",
 ]
 
@@ -183,7 +188,7 @@ class _Run:
     task: str
     seg: int
     nodes: tuple[str, ...]
-    per_node: int
+    per_node: int | float
     start_s: float
     setup_s: float
     step_s: float
@@ -207,7 +212,11 @@ class _World:
         self.total = {t: max(c.steps for c in profile.configs(t)) for t in profile.tasks}
         self.done = dict.fromkeys(profile.tasks, 0)
         self.caps = {n.name: n.gpus for n in cluster.nodes}
-        self.used = dict.fromkeys(self.caps, 0)
+        self.used: dict[str, float] = dict.fromkeys(self.caps, 0)
+        # Per node: units (1/8 GPU) held on each device, and whole GPUs held on no named device.
+        self.dev_units = {n: [0] * g for n, g in self.caps.items()}
+        self.anon = dict.fromkeys(self.caps, 0)
+        self.types = {n.name: n.gpu_type for n in cluster.nodes}
         self.alive = set(self.caps)
         self.running: dict[str, _Run] = {}
         self.records = {t: TaskRecord(t, 0.0, None) for t in profile.tasks}
@@ -270,10 +279,16 @@ class _World:
         for n in p.nodes:
             if n not in self.alive:
                 raise SimulationError(f"t={now:.1f}: {a.task} launched on node {n}, which is down")
+            if p.gpu_type is not None and self.types.get(n) != p.gpu_type:
+                raise SimulationError(
+                    f"t={now:.1f}: {a.task} runs its {p.gpu_type} row on node {n}, of type {self.types.get(n)}"
+                )
             self.used[n] += p.per_node
-            if self.used[n] > self.caps[n]:
-                raise SimulationError(f"t={now:.1f}: node {n} holds {self.used[n]} GPUs, has {self.caps[n]}")
-        step = self.truth[(a.task, p.strategy, p.gpus, len(p.nodes))]
+        self._hold(a.task, p, now, +1)
+        key = truth_key(a.task, *p.config_key)
+        if key not in self.truth:
+            raise SimulationError(f"t={now:.1f}: {a.task} launched on {key[1:]}, which has no feasible row")
+        step = self.truth[key]
         done = self.done[a.task]
         left = self.total[a.task] - done
         if left <= 0:
@@ -304,8 +319,30 @@ class _World:
         self.done[task] = steps
         for n in run.nodes:
             self.used[n] -= run.per_node
+        self._hold(task, run.record.placement, now, -1)
         run.record.end_s, run.record.steps_end, run.record.status = now, steps, status
         return steps
+
+    def _hold(self, task: str, p, now: float, sign: int) -> None:
+        """Take (``sign`` +1) or give back (-1) ``p``'s devices; raise if a device or node is over-full."""
+        units = round(8 * p.gpus) if p.gpus < 1 else 8
+        if p.devices is None:
+            if p.gpus < 1:
+                raise SimulationError(f"t={now:.1f}: {task} holds a {p.gpus} share but names no device")
+            for n in p.nodes:
+                self.anon[n] += sign * int(p.per_node)
+        else:
+            for n, ds in p.devices:
+                if len(ds) != (1 if p.gpus < 1 else p.per_node) or len({d for d, _ in ds}) != len(ds):
+                    raise SimulationError(f"t={now:.1f}: {task} holds devices {list(ds)} on {n} for {p.gpus} GPU(s)")
+                for d, _ in ds:
+                    self.dev_units[n][d] += sign * units
+                    if self.dev_units[n][d] > 8:
+                        raise SimulationError(f"t={now:.1f}: device {d} of node {n} holds more than one GPU")
+        for n in p.nodes:
+            busy = sum(1 for u in self.dev_units[n] if u > 0) + self.anon[n]
+            if busy > self.caps[n]:
+                raise SimulationError(f"t={now:.1f}: node {n} holds {busy} GPUs, has {self.caps[n]}")
 
     def report_steps(self, now: float) -> None:
         for task, run in self.running.items():
@@ -418,6 +455,14 @@ def simulate(
     world.run(arrivals, cfg.failures)
     wall = time.perf_counter() - t0
     recs = list(world.records.values())
+    if any(seg.placement.devices is not None for r in recs for seg in r.segments):
+        from ray_saturn.devices import check_devices
+        from ray_saturn.errors import PlanError
+
+        try:
+            check_devices(realised_plan(recs, pol.name), ClusterSpec(tuple(world.nodes.values())))
+        except PlanError as exc:
+            raise SimulationError(f"the realised run breaks the per-device check: {exc}") from None
     finished = [r for r in recs if r.finish_s is not None]
     makespan = max((r.finish_s for r in finished), default=0.0)
     for r in recs:
@@ -441,6 +486,23 @@ def simulate(
         plans=world.plans,
         log=ctl.log,
     )
+
+
+def realised_plan(records: Sequence[TaskRecord], policy: str = "realised") -> Plan:
+    """What really ran, as a plan: one assignment per segment (its placement and devices, from its
+    start to its end), e.g. to check with :func:`ray_saturn.devices.check_devices`."""
+    out = []
+    for r in records:
+        for seg in r.segments:
+            if seg.end_s is None:
+                continue
+            pl = seg.placement
+            out.append(
+                Assignment(r.task, pl.strategy, pl.gpus, pl.nodes, seg.start_s, seg.end_s, seg.setup_s,
+                           pl.device_map(), pl.gpu_type)
+            )
+    makespan = max((a.end_s for a in out), default=0.0)
+    return Plan(policy, makespan, 0.0, 0.0, "feasible", out)
 
 
 def _integral(steps: list[tuple[float, int]], end: float) -> float:
@@ -500,7 +562,7 @@ def _oracle_problem(profile: ProfileTable, cluster: ClusterSpec, config: SimConf
     truth = true_step_times(profile, noise=config.noise, seed=config.seed)
 
     def real(c: Config) -> Config:
-        return replace(c, step_time_s=truth[c.key]) if c.feasible else c
+        return replace(c, step_time_s=truth[truth_key(*c.row_key)]) if c.feasible else c
 
     true_profile = profile.replace(real)
     arrivals = {t: a for t, a in (config.arrivals or {}).items() if a > 0}

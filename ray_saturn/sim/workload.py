@@ -39,15 +39,22 @@ from ray_saturn.limits import MAX_NOISE, number
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.spec import ClusterSpec
 
-__all__ = ["NodeFailure", "parse_arrivals", "parse_failures", "random_failures", "true_step_times"]
+__all__ = ["NodeFailure", "parse_arrivals", "parse_failures", "random_failures", "true_step_times", "truth_key"]
 
 
 def _rng(seed: int, *keys: str) -> np.random.Generator:
     return np.random.default_rng([seed, *(zlib.crc32(k.encode()) for k in keys)])
 
 
-def true_step_times(profile: ProfileTable, *, noise: float, seed: int) -> dict[tuple[str, str, int, int], float]:
-    """The step time each feasible configuration really has in the simulated world."""
+def truth_key(task: str, strategy: str, gpus: int | float, nodes: int, gpu_type: str | None = None) -> tuple:
+    """How :func:`true_step_times` keys a row: ``(task, strategy, gpus, nodes)``, plus the GPU type
+    for a row measured on one (the row's ``row_key``)."""
+    return (task, strategy, gpus, nodes) if gpu_type is None else (task, strategy, gpus, nodes, gpu_type)
+
+
+def true_step_times(profile: ProfileTable, *, noise: float, seed: int) -> dict[tuple, float]:
+    """The step time each feasible configuration really has in the simulated world, keyed by
+    :func:`truth_key` (a row of a GPU type has its own)."""
     number(noise, "--noise (relative spread of true step times, 0.2 = 20%)", low=0, high=MAX_NOISE)
     out = {}
     for task in profile.tasks:
@@ -58,9 +65,10 @@ def true_step_times(profile: ProfileTable, *, noise: float, seed: int) -> dict[t
             j = 1.0
             if noise:
                 s = noise / 4
-                r = _rng(seed, "config", task, c.strategy, str(c.gpus), str(c.nodes))
+                typed = () if c.gpu_type is None else (c.gpu_type,)
+                r = _rng(seed, "config", task, c.strategy, str(c.gpus), str(c.nodes), *typed)
                 j = math.exp(s * r.standard_normal() - s * s / 2)
-            out[c.key] = c.step_time_s * f * j
+            out[truth_key(*c.row_key)] = c.step_time_s * f * j
     return out
 
 

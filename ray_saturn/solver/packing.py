@@ -182,19 +182,31 @@ def pack_schedule(
     nodes: list[tuple[int, ...]] = [()] * n
     devices: list[dict[int, tuple[tuple[int, float], ...]]] = [{} for _ in range(n)]
 
-    def commit(t: int, s: float, where: dict[int, tuple[int, ...]]) -> None:
+    def commit(t: int, s: float, where: dict[int, tuple[int, ...]], q: int | None = None) -> None:
         opt = opts[t]
         start[t] = s
         nodes[t] = tuple(sorted(where))
-        q = UNITS if whole_node else units(opt)
+        q = q if q is not None else UNITS if whole_node else units(opt)
         share = opt.config.gpus if opt.config.gpus < 1 else 1.0
         for node, ds in where.items():
             devs.add(node, ds, s, dur[t], q)
             own = ds[: devices_per_node(opt)]  # a whole-node task uses its own devices, holds the rest
             devices[t][node] = tuple((int(i), float(share)) for i in own)
 
+    # Running tasks kept in place: those that name their devices first, on them (what they hold,
+    # whatever the variant); then the others.
     for t, opt in enumerate(opts):
-        if opt.pinned_nodes is not None:
+        if opt.pinned_devices is not None:
+            q = units(opt)
+            for node, ds in opt.pinned_devices.items():
+                if not all(0 <= d < devs.caps[node] and devs.dev[node][d].fits(0.0, dur[t], q) for d in ds):
+                    raise InfeasibleError(
+                        f"running task {problem.tasks[t]} no longer fits the devices {list(ds)} it holds on "
+                        f"node {problem.node_names[node]}"
+                    )
+            commit(t, 0.0, dict(opt.pinned_devices), q)
+    for t, opt in enumerate(opts):
+        if opt.pinned_nodes is not None and opt.pinned_devices is None:
             found = _place(problem, devs, t, opt, 0.0, dur[t], whole_node, opt.pinned_nodes)
             if found is None or found[0] > 1e-9:
                 raise InfeasibleError(f"running task {problem.tasks[t]} no longer fits its devices on its nodes")

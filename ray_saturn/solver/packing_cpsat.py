@@ -21,7 +21,7 @@ Constraints:
         (an unavailable node's devices are blocked until it is available)
     ``cumulative_n({[s_t, s_t + D_o) : y_ton}, m_o w_o) <= 8 G_n``  redundant, per node
     ``C >= s_t + sum_o D_o x_to``                          for each t
-    a running task kept in place: ``x_to => s_t = 0`` on its nodes.
+    a running task kept in place: ``x_to => s_t = 0`` on its nodes (and on the devices it holds, when named).
 
 Objective: minimise ``C``. Warm-started with the device-level list schedule
 of a given choice and order (on the rounded durations, so the hint is
@@ -117,7 +117,8 @@ def solve_packing_cpsat(
                 node_iv[n].append(m.NewOptionalFixedSizeIntervalVar(s, D[t][o], y, f"nv_{t}_{o}_{n}"))
                 node_dem[n].append(w * per)
                 zn = []
-                for d in range(caps[n]):
+                held = opt.pinned_devices.get(n) if opt.pinned_devices is not None else None
+                for d in range(caps[n]) if held is None else held:  # kept in place: on the devices it holds
                     z = m.NewBoolVar(f"z_{t}_{o}_{n}_{d}")
                     zo[(n, d)] = z
                     zn.append(z)

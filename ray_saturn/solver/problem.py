@@ -50,6 +50,8 @@ class Option:
     pinned_nodes: tuple[int, ...] | None = None
     #: The node indices of the option's GPU type (a row measured on one type); ``None``: every node.
     nodes_ok: tuple[int, ...] | None = None
+    #: A running task kept in place that names its devices: node index -> the device indices it holds.
+    pinned_devices: Mapping[int, tuple[int, ...]] | None = None
 
     @property
     def gpus(self) -> int | float:
@@ -163,7 +165,13 @@ class Problem:
                 continue
             strategy, gpus, names = want
             k = len(names)
+            here = {node_index[n] for n in names if n in node_index}
+
+            def on_type(o: Option, here: set[int] = here) -> bool:  # a typed option: the incumbent's nodes
+                return o.nodes_ok is None or here <= set(o.nodes_ok)  # only when they are of its type
+
             exact = [i for i, o in enumerate(opts) if (o.config.strategy, o.gpus, o.k) == (strategy, gpus, k)]
+            exact.sort(key=lambda i: not on_type(opts[i]))
             near = [i for i, o in enumerate(opts) if o.k == k and o.gpus <= gpus]
             if exact:
                 choice.append(exact[0])
@@ -172,7 +180,7 @@ class Problem:
             else:
                 choice.append(fastest)
             q = opts[choice[-1]].per_node
-            fits = opts[choice[-1]].k == k and all(
+            fits = opts[choice[-1]].k == k and on_type(opts[choice[-1]]) and all(
                 n in node_index and self.node_gpus[node_index[n]] >= q for n in names
             )
             nodes_of.append(tuple(sorted(node_index[n] for n in names)) if fits else None)
@@ -199,6 +207,7 @@ class Problem:
             if (
                 not o.pinned
                 and (o.config.strategy, o.gpus, o.k) == (strategy, gpus, len(names))
+                and (o.nodes_ok is None or set(nodes) <= set(o.nodes_ok))
                 and all(self.node_gpus[n] >= o.per_node for n in nodes)
             ):
                 return i, nodes
@@ -321,10 +330,16 @@ def build_problem(
                     why.append(f"{cfg.strategy}/{cfg.gpus} GPUs/{cfg.nodes} node(s) on {cfg.gpu_type}")
                     continue
             runtime = cfg.runtime_s  # start-up included: a segment launched on it starts afresh
-            if run is not None and (cfg.strategy, cfg.gpus, cfg.nodes) == (run.strategy, run.gpus, len(run.nodes)):
-                # Kept where it runs: it started already, only its steps are left.
+            if run is not None and (cfg.strategy, cfg.gpus, cfg.nodes, cfg.gpu_type) == (
+                run.strategy, run.gpus, len(run.nodes), run.gpu_type
+            ):
+                # Kept where it runs: it started already, only its steps are left, on the devices it holds.
                 pinned = tuple(node_index[n] for n in run.nodes)
-                opts.append(Option(cfg, cfg.train_s, 0.0, cfg.nodes, per_node, pinned, nodes_ok))
+                devs = None
+                if run.devices is not None:
+                    devs = {node_index[n]: tuple(d for d, _ in v) for n, v in run.devices.items()}
+                    _check_running_devices(run, devs, node_gpus, node_names)
+                opts.append(Option(cfg, cfg.train_s, 0.0, cfg.nodes, per_node, pinned, nodes_ok, devs))
             if run is not None and not run.movable:
                 continue
             if cfg.nodes > len(node_gpus) or sorted_caps[cfg.nodes - 1] < per_node:
@@ -333,9 +348,10 @@ def build_problem(
             setup = run.restart_s if run is not None else 0.0
             opts.append(Option(cfg, setup + runtime, setup, cfg.nodes, per_node, None, nodes_ok))
         if run is not None and not any(o.pinned for o in opts):
+            on = f" on {run.gpu_type}" if run.gpu_type is not None else ""
             raise ProfileError(
                 f"running task {name!r} has no profile row for its current configuration "
-                f"({run.strategy}, {run.gpus} GPUs, {len(run.nodes)} node(s)); add one with the remaining steps"
+                f"({run.strategy}, {run.gpus} GPUs, {len(run.nodes)} node(s){on}); add one with the remaining steps"
             )
         if not opts:
             if not any(c.feasible for c in profile.configs(name)):
@@ -357,15 +373,26 @@ def build_problem(
     return Problem(tasks, options, node_names, node_gpus, node_avail, release, profile, cluster, ctx)
 
 
+def _check_running_devices(run, devs: Mapping[int, tuple[int, ...]], node_gpus, node_names) -> None:
+    """A running task's devices lie on its nodes and number one (a share) or its GPUs per node."""
+    want = 1 if run.gpus < 1 else int(run.gpus) // len(run.nodes)
+    for n, ds in devs.items():
+        if len(set(ds)) != want or len(ds) != want or not all(0 <= d < int(node_gpus[n]) for d in ds):
+            raise InfeasibleError(
+                f"running task {run.task!r} holds devices {list(ds)} on node {node_names[n]!r}, which has "
+                f"devices 0..{int(node_gpus[n]) - 1}; it needs {want} distinct one(s) there"
+            )
+
+
 def _check_running_fits(running, node_names, node_index, node_gpus) -> None:
-    used = np.zeros_like(node_gpus)
+    used = np.zeros(len(node_gpus), dtype=float)
     for r in running.values():
         for n in r.nodes:
-            used[node_index[n]] += r.gpus // len(r.nodes)
-    over = np.nonzero(used > node_gpus)[0]
+            used[node_index[n]] += r.gpus if r.gpus < 1 else r.gpus // len(r.nodes)
+    over = np.nonzero(used > node_gpus + 1e-9)[0]
     if len(over):
         n = int(over[0])
         raise InfeasibleError(
-            f"running tasks hold {int(used[n])} GPUs on node {node_names[n]!r}, which has {int(node_gpus[n])}; "
+            f"running tasks hold {used[n]:g} GPUs on node {node_names[n]!r}, which has {int(node_gpus[n])}; "
             "the planning context is inconsistent"
         )

@@ -14,6 +14,10 @@ in any of these forms:
   (optional ``nodes``, ``feasible``, ``knobs`` as a dict or JSON).
 
 ``steps`` is the trial's total optimizer steps (its task's ``max_steps``).
+``gpus`` may be a share 1/2, 1/4 or 1/8 of one GPU (one worker; the trial's
+bundle then asks Ray for that fraction of a GPU, so several trials share the
+device), and a row may carry ``gpu_type``: it runs only on nodes of that type
+(a type no node has is left out).
 A trial is one Tune placement group bundle, so it runs on one node: rows
 spanning several nodes, rows needing more GPUs than the largest node has,
 infeasible rows and rows whose strategy cannot run on that many GPUs are
@@ -53,9 +57,10 @@ class TrialRow:
     """One way to run a trial: a strategy on ``gpus`` GPUs of one node."""
 
     strategy: str
-    gpus: int
+    gpus: int | float
     step_time_s: float
     knobs: Mapping[str, Any] = field(default_factory=dict)
+    gpu_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -66,9 +71,9 @@ class TrialRows:
     steps: int
     left_out: tuple[str, ...] = ()
 
-    def knobs(self, strategy: str, gpus: int) -> dict[str, Any]:
+    def knobs(self, strategy: str, gpus: int | float, gpu_type: str | None = None) -> dict[str, Any]:
         for r in self.rows:
-            if (r.strategy, r.gpus) == (strategy, gpus):
+            if (r.strategy, r.gpus, r.gpu_type) == (strategy, gpus, gpu_type):
                 return dict(r.knobs)
         return {}
 
@@ -82,6 +87,7 @@ class TrialRows:
                 "nodes": 1,
                 "step_time_s": r.step_time_s,
                 "steps": self.steps,
+                **({"gpu_type": r.gpu_type} if r.gpu_type is not None else {}),
             }
             for r in self.rows
         ]
@@ -125,11 +131,21 @@ def _as_mappings(raw: Any) -> list[Mapping[str, Any]]:
     return out
 
 
-def trial_rows(raw: Any, *, max_gpus_per_node: int, registered: Collection[str] | None = None) -> TrialRows:
+def trial_rows(
+    raw: Any,
+    *,
+    max_gpus_per_node: int,
+    registered: Collection[str] | None = None,
+    gpu_types: Collection[str | None] | None = None,
+) -> TrialRows:
     """Check an estimate's rows for one trial (see the module docstring); raises :class:`TrialRejected`.
 
-    ``registered``: the registered strategy names (default: looked up).
+    ``registered``: the registered strategy names (default: looked up); ``gpu_types``: the GPU
+    types of the cluster's nodes (default: rows of any type are kept).
     """
+    from ray_saturn.errors import ProfileError
+    from ray_saturn.profile_table import _parse_gpus
+    from ray_saturn.spec import check_gpu_type
     from ray_saturn.strategies import get_strategy, strategy_names
 
     mappings = _as_mappings(raw)
@@ -139,7 +155,7 @@ def trial_rows(raw: Any, *, max_gpus_per_node: int, registered: Collection[str] 
     rows: list[TrialRow] = []
     left_out: list[str] = []
     steps_seen: set[int] = set()
-    seen: set[tuple[str, int]] = set()
+    seen: set[tuple[str, int | float, str | None]] = set()
     for i, r in enumerate(mappings):
         where = f"estimate row {i + 1}"
         missing = [k for k in ("strategy", "gpus", "steps") if r.get(k) in (None, "")]
@@ -147,13 +163,21 @@ def trial_rows(raw: Any, *, max_gpus_per_node: int, registered: Collection[str] 
             raise TrialRejected(f"{where} {dict(r)!r} lacks {', '.join(missing)}")
         strategy = str(r["strategy"])
         try:
-            gpus, nodes, steps = int(r["gpus"]), int(r.get("nodes") or 1), int(r["steps"])
+            gpus = _parse_gpus(r["gpus"], where)
+        except ProfileError as exc:
+            raise TrialRejected(str(exc)) from None
+        try:
+            nodes, steps = int(r.get("nodes") or 1), int(r["steps"])
         except (TypeError, ValueError):
-            raise TrialRejected(f"{where}: gpus, nodes and steps must be whole numbers, got {dict(r)!r}") from None
-        if gpus < 1 or nodes < 1 or steps < 1:
-            raise TrialRejected(f"{where}: gpus, nodes and steps must be at least 1, got {dict(r)!r}")
+            raise TrialRejected(f"{where}: nodes and steps must be whole numbers, got {dict(r)!r}") from None
+        if nodes < 1 or steps < 1:
+            raise TrialRejected(f"{where}: nodes and steps must be at least 1, got {dict(r)!r}")
+        try:
+            gpu_type = check_gpu_type(r.get("gpu_type"), f"{where}: gpu_type")
+        except SaturnError as exc:
+            raise TrialRejected(str(exc)) from None
         steps_seen.add(steps)
-        label = f"{strategy} on {gpus} GPU(s)"
+        label = f"{strategy} on {gpus} GPU(s)" + (f" of {gpu_type}" if gpu_type else "")
         feasible = r.get("feasible", True)
         if feasible is False or (isinstance(feasible, str) and feasible.strip().lower() in ("false", "0", "no")):
             left_out.append(f"{label}: infeasible ({r.get('reason') or 'no reason given'})")
@@ -168,21 +192,25 @@ def trial_rows(raw: Any, *, max_gpus_per_node: int, registered: Collection[str] 
         if nodes != 1:
             left_out.append(f"{label}: spans {nodes} nodes; a Tune trial is one bundle on one node")
             continue
+        if gpu_type is not None and gpu_types is not None and gpu_type not in set(gpu_types):
+            have = ", ".join(sorted({str(t) for t in gpu_types if t})) or "none"
+            left_out.append(f"{label}: no node is of type {gpu_type} (types: {have})")
+            continue
         if gpus > max_gpus_per_node:
             left_out.append(f"{label}: needs {gpus} GPUs on one node; the largest node has {max_gpus_per_node}")
             continue
         if strategy not in registered:
             left_out.append(f"{label}: strategy {strategy!r} is not registered ({', '.join(sorted(registered))})")
             continue
-        why = get_strategy(strategy).applies(None, gpus)
+        why = get_strategy(strategy).applies(None, 1 if gpus < 1 else gpus)  # a share: one worker
         if why:
             left_out.append(f"{label}: {why}")
             continue
-        if (strategy, gpus) in seen:
+        if (strategy, gpus, gpu_type) in seen:
             raise TrialRejected(f"{where}: a second row for {label}; keep one row per configuration")
-        seen.add((strategy, gpus))
+        seen.add((strategy, gpus, gpu_type))
         knobs = parse_knobs(r.get("knobs"), f"{where}: knobs", error=TrialRejected)
-        rows.append(TrialRow(strategy, gpus, step_time, knobs))
+        rows.append(TrialRow(strategy, gpus, step_time, knobs, gpu_type))
     if len(steps_seen) > 1:
         raise TrialRejected(f"the estimate's rows disagree on steps ({sorted(steps_seen)}); give the trial's total")
     if not rows:

@@ -54,6 +54,8 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from ray_saturn.control import Controller, Launch, Stop, TaskArrived, TaskFailed, TaskFinished, TaskState, Tick
+from ray_saturn.control.occupancy import Occupancy
+from ray_saturn.control.state import Placement
 from ray_saturn.errors import SaturnError
 from ray_saturn.metrics import RunMetrics
 from ray_saturn.profile_table import ProfileTable
@@ -85,7 +87,7 @@ class GpuEvent:
     time_s: float
     trial: str
     node: str
-    gpus: int
+    gpus: int | float
     reason: str
 
 
@@ -96,10 +98,10 @@ class Move:
     time_s: float
     trial: str
     from_strategy: str
-    from_gpus: int
+    from_gpus: int | float
     from_node: str
     to_strategy: str
-    to_gpus: int
+    to_gpus: int | float
     to_node: str
     reason: str
 
@@ -130,7 +132,7 @@ class SchedulerStats:
     replans: int
     moves: int
     resizes_that_changed_size: int
-    max_gpus_in_use: int
+    max_gpus_in_use: int | float
     restart_s: float
     max_hook_ms: float
     hook_ms: dict[str, float]
@@ -153,7 +155,7 @@ class _TrialState:
     #: held | launching | running | stopping | ended (Tune's side of the trial)
     phase: str = "held"
     in_controller: bool = False
-    placement: tuple[str, int, str] | None = None  # (strategy, gpus, node) while it holds GPUs
+    placement: tuple[str, int | float, str] | None = None  # (strategy, gpus, node) while it holds GPUs
     steps_done: int = 0
     released_at: float | None = None
     steps_at_release: int = 0
@@ -271,7 +273,8 @@ class SaturnScheduler(TrialScheduler):
         self._arrivals: list[str] = []
         self._ended: list[tuple[str, bool, str, bool]] = []  # (trial, finished, reason, retry)
         self._launches: dict[str, Launch] = {}
-        self._held: dict[str, tuple[str, int]] = {}  # trial -> (node, GPUs) Tune holds for it
+        self._held: dict[str, tuple[str, int | float]] = {}  # trial -> (node, GPUs) Tune holds for it
+        self._held_at: dict[str, Placement] = {}  # trial -> the placement (devices) Tune holds for it
         self._node_ids: dict[str, str] = {}
         self._reuse_checked = False
         self._latencies: list[float] = []
@@ -355,7 +358,8 @@ class SaturnScheduler(TrialScheduler):
             self._now()  # the clock starts at the first trial
             try:
                 st.rows = trial_rows(
-                    self._estimate(config), max_gpus_per_node=self._max_gpus_per_node(), registered=self._strategies
+                    self._estimate(config), max_gpus_per_node=self._max_gpus_per_node(), registered=self._strategies,
+                    gpu_types=self._cluster_spec().gpu_types
                 )
             except TrialRejected as exc:
                 st.rejected = str(exc)
@@ -606,16 +610,26 @@ class SaturnScheduler(TrialScheduler):
                 self._prepare(st, {DECISION_KEY: {"error": st.rejected}}, {"CPU": self._cpus or 0.01})
                 st.phase = "running"
                 ready.append(st.trial)
-        free = self._free_gpus()
+        occupancy = self._occupancy()
         for launch in sorted(self._launches.values(), key=lambda a: (a.planned_start_s, a.task)):
             st = self._trials[launch.task]
-            node, gpus = launch.placement.nodes[0], launch.placement.gpus
-            if st.phase != "launching" or free.get(node, 0) < gpus:
+            pl = launch.placement
+            node, gpus = pl.nodes[0], pl.gpus
+            if st.phase != "launching":
                 continue
-            free[node] -= gpus
+            # Only once Tune has let go of the devices the controller gave it (a share: its part of one).
+            got = occupancy.fit(pl)
+            if got is None or (pl.devices is not None and got.devices != pl.devices):
+                continue
+            occupancy.take(got)
             del self._launches[launch.task]
-            knobs = st.rows.knobs(launch.placement.strategy, gpus) if st.rows else {}
-            decision = {"strategy": launch.placement.strategy, "gpus": gpus, "knobs": knobs, "node": node}
+            knobs = st.rows.knobs(pl.strategy, gpus, pl.gpu_type) if st.rows else {}
+            decision = {"strategy": pl.strategy, "gpus": gpus, "knobs": knobs, "node": node}
+            if pl.gpu_type is not None:
+                decision["gpu_type"] = pl.gpu_type
+            if pl.devices is not None:
+                decision["devices"] = [d for d, _ in pl.device_map()[node]]
+            # A share 1/k of one GPU is Ray's fractional GPU resource: up to k such trials share the device.
             bundle: dict[str, Any] = {"CPU": self._cpus, "GPU": gpus}
             self._prepare(st, {DECISION_KEY: decision}, bundle, node)
             st.phase, st.placement = "running", (launch.placement.strategy, gpus, node)
@@ -624,10 +638,11 @@ class SaturnScheduler(TrialScheduler):
                 o.launch_crowd += 1
             st.released_at, st.steps_at_release, st.launch_crowd = now, launch.steps_done, len(in_flight)
             self._held[launch.task] = (node, gpus)
+            self._held_at[launch.task] = pl
             self.gpu_events.append(GpuEvent(now, launch.task, node, gpus, "start"))
             self._max_in_use = max(self._max_in_use, sum(g for _, g in self._held.values()))
             self.metrics.task_state(launch.task, "running", gpus=gpus)
-            logger.info("starting trial %s: %s on %d GPU(s) of %s", launch.task, decision["strategy"], gpus, node)
+            logger.info("starting trial %s: %s on %g GPU(s) of %s", launch.task, decision["strategy"], gpus, node)
             ready.append(st.trial)
         if not ready:
             return None
@@ -651,14 +666,13 @@ class SaturnScheduler(TrialScheduler):
             self._node_ids = {n.name: n.node_id for n in self._cluster_spec().nodes if n.node_id}
         return self._node_ids.get(node)
 
-    def _free_gpus(self) -> dict[str, int]:
-        free = {n.name: n.gpus for n in self._cluster_spec().nodes}
-        for node, gpus in self._held.values():
-            free[node] = free.get(node, 0) - gpus
-        return free
+    def _occupancy(self) -> Occupancy:
+        """The devices Tune holds for trials now (the controller's rule: shares add up per device)."""
+        return Occupancy({n.name: n.gpus for n in self._cluster_spec().nodes}, self._held_at.values())
 
     def _give_back(self, tid: str, reason: str, now: float) -> None:
         held = self._held.pop(tid, None)
+        self._held_at.pop(tid, None)
         if held is not None:
             self.gpu_events.append(GpuEvent(now, tid, held[0], -held[1], reason))
         self._trials[tid].placement = None

@@ -63,12 +63,18 @@ class TrialTrainingError(SaturnError, RuntimeError):
 
 @dataclass(frozen=True)
 class TrialDecision:
-    """What ray_saturn decided for a trial: run ``strategy`` on ``gpus`` GPUs of ``node``."""
+    """What ray_saturn decided for a trial: run ``strategy`` on ``gpus`` GPUs of ``node`` (or on a
+    share 1/k of one GPU: one worker, the device shared with other trials)."""
 
     strategy: str
-    gpus: int
+    gpus: int | float
     knobs: Mapping[str, Any] = field(default_factory=dict)
     node: str | None = None
+
+    @property
+    def workers(self) -> int:
+        """Training processes: one per GPU, one for a share of one GPU."""
+        return 1 if self.gpus < 1 else int(self.gpus)
 
 
 def trial_decision(config: Mapping[str, Any]) -> TrialDecision:
@@ -90,7 +96,8 @@ def trial_decision(config: Mapping[str, Any]) -> TrialDecision:
         )
     if raw.get("error"):
         raise TrialTrainingError(str(raw["error"]))
-    return TrialDecision(str(raw["strategy"]), int(raw["gpus"]), dict(raw.get("knobs") or {}), raw.get("node"))
+    g = float(raw["gpus"])
+    return TrialDecision(str(raw["strategy"]), g if g < 1 else int(g), dict(raw.get("knobs") or {}), raw.get("node"))
 
 
 def _set_rank_env(rank: int, world: int) -> None:
@@ -233,7 +240,7 @@ def _run_multi(
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()  # a pipe, not a queue: no semaphores to leak
     args = (
-        decision.gpus,
+        decision.workers,
         _free_port(),
         cloudpickle.dumps(task),
         decision.strategy,
@@ -243,7 +250,7 @@ def _run_multi(
         ckpt_dir,
         child,
     )
-    procs = tmp.start_processes(_rank_main, args=args, nprocs=decision.gpus, join=False, start_method="spawn")
+    procs = tmp.start_processes(_rank_main, args=args, nprocs=decision.workers, join=False, start_method="spawn")
     child.close()
     done = False
     try:
@@ -295,7 +302,7 @@ def _run_trial(make_task: Callable[[dict], Task], config: dict, report_every: in
     task = make_task(user_config)
     if not isinstance(task, Task):
         raise TrialTrainingError(f"make_task must return a ray_saturn.Task, got {type(task).__name__}")
-    reason = get_strategy(decision.strategy).applies(task, decision.gpus)
+    reason = get_strategy(decision.strategy).applies(task, decision.workers)
     if reason:
         raise TrialTrainingError(
             f"trial of task {task.name!r}: {decision.strategy} on {decision.gpus} GPU(s): {reason}"
@@ -311,7 +318,7 @@ def _run_trial(make_task: Callable[[dict], Task], config: dict, report_every: in
                     if entry.startswith("step-"):
                         shutil.copytree(os.path.join(d, entry), os.path.join(ckpt_dir, entry))
         resumed_from = latest_step(ckpt_dir) or 0
-        if decision.gpus == 1:
+        if decision.workers == 1:
             _set_rank_env(0, 1)
             use_rank_device(0)
 

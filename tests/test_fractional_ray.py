@@ -1,0 +1,120 @@
+"""Shares of one GPU executed on Ray: fractional-GPU bundles pinned to the planned node, emulated
+segments and real TorchTrainer segments (``resources_per_worker={"GPU": share}``) sharing device 0."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import ray
+import torch
+
+import ray_saturn
+from ray_saturn import ClusterSpec, ProfileTable, Task
+from ray_saturn.runtime.api import emulate, emulated_cluster
+from ray_saturn.runtime.driver import DriverConfig
+from ray_saturn.runtime.ledger import LedgerError
+from ray_saturn.runtime.pg_manager import PlacementGroupManager
+
+pytestmark = pytest.mark.ray
+
+
+def _overlap(segs) -> bool:
+    """True when every pair of segments ran at the same time at some instant."""
+    start = max(s["start_s"] if isinstance(s, dict) else s.start_s for s in segs)
+    end = min(s["end_s"] if isinstance(s, dict) else s.end_s for s in segs)
+    return start < end
+
+
+def test_four_quarter_shares_share_one_logical_gpu_in_emulation(tmp_path):
+    rows = [{"task": f"q{i}", "strategy": "single", "gpus": 0.25, "step_time_s": 1.0, "steps": 300}
+            for i in range(4)]
+    with emulated_cluster(1, 1):
+        spec = ClusterSpec.from_ray()
+        node = spec.nodes[0]
+        mgr = PlacementGroupManager(spec, run_name="bundles")
+        try:  # the bundles: {"GPU": 0.25} pinned to the node; a fifth quarter does not fit device 0
+            dev = {node.name: [(0, 0.25)]}
+            for i in range(4):
+                mgr.reserve(f"b{i}", (node.name,), 0.25, devices=dev)
+            assert all(mgr.wait_ready(f"b{i}", 20) for i in range(4))
+            from ray.util import placement_group_table
+
+            table = placement_group_table(mgr._holds["b0"])
+            assert table["bundles"] == {0: {"GPU": 0.25}} and set(table["bundles_to_node_id"].values()) == {
+                node.node_id
+            }
+            with pytest.raises(LedgerError, match=r"device 0 of node .* would hold more than one GPU"):
+                mgr.reserve("b4", (node.name,), 0.25, devices=dev)
+            assert mgr.hand_over("b0").scaling_config().resources_per_worker == {"GPU": 0.25}
+        finally:
+            mgr.release_all()
+        out = emulate(ProfileTable.from_rows(rows), 1, 1, time_scale=0.02, storage=tmp_path / "run",
+                      use_running_ray=True, policy="saturn-static")
+    assert out["state"] == "finished", out
+    segs = [s for t in out["tasks"] for s in t["segments"]]
+    assert len(segs) == 4 and all(s["devices"] == {node.name: [[0, 0.25]]} for s in segs)
+    assert _overlap(segs), segs  # all four ran at once on device 0
+    # The plan: all four start at 0, each a quarter of device 0; sequentially they would take 4x as long.
+    assert out["realised_makespan_s"] < 2 * 300
+
+
+def test_emulation_runs_typed_rows_only_on_nodes_of_their_type(tmp_path):
+    rows = [
+        {"task": "fast-only", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 200, "gpu_type": "fast"},
+        {"task": "either", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 200, "gpu_type": "fast"},
+        {"task": "either", "strategy": "ddp", "gpus": 1, "step_time_s": 1.5, "steps": 200, "gpu_type": "slow"},
+        {"task": "slow-share", "strategy": "single", "gpus": 0.5, "step_time_s": 1.0, "steps": 200,
+         "gpu_type": "slow"},
+    ]
+    with emulated_cluster(2, 1, gpu_types=["fast", "slow"]):
+        types = {n.name: n.gpu_type for n in ClusterSpec.from_ray().nodes}
+        assert sorted(types.values()) == ["fast", "slow"]
+        out = emulate(ProfileTable.from_rows(rows), 2, 1, time_scale=0.02, storage=tmp_path / "run",
+                      use_running_ray=True, policy="saturn-static")
+    assert out["state"] == "finished", out
+    where = {t["task"]: [(s["gpu_type"], types[n]) for s in t["segments"] for n in s["nodes"]] for t in out["tasks"]}
+    assert where["fast-only"] == [("fast", "fast")]
+    assert where["slow-share"] == [("slow", "slow")]
+    assert all(row_type == node_type for w in where.values() for row_type, node_type in w)
+
+
+def _model(hp):
+    return torch.nn.Linear(4, 1)
+
+
+def _data(hp):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)) for _ in range(4)]
+
+
+def _loss(out, batch):
+    return torch.nn.functional.mse_loss(out, batch[1])
+
+
+def _opt(params, hp):
+    return torch.optim.SGD(params, lr=hp["lr"])
+
+
+def test_run_trains_two_half_shares_on_one_logical_gpu(tmp_path):
+    """Two TorchTrainer segments (one worker of {"GPU": 0.5} each) run at once on device 0: two
+    training processes, what two cores hold."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    tasks = [Task(f"h{i}", _model, _data, _loss, _opt, {"lr": 0.1}, max_steps=40) for i in range(2)]
+    profile = ProfileTable.from_rows(
+        [{"task": t.name, "strategy": "single", "gpus": 0.5, "step_time_s": 0.1, "steps": 40} for t in tasks]
+    )
+    cfg = DriverConfig(checkpoint_interval_s=1.0, solver_time_limit_s=1.0, max_failures=1, policy="saturn-static")
+    with emulated_cluster(1, 1):
+        node = ClusterSpec.from_ray().nodes[0].name
+        result = ray_saturn.run(tasks, storage=tmp_path / "run", profile=profile, config=cfg)
+    assert result.state == "finished", result
+    segs = []
+    for t in tasks:
+        rec = result.tasks[t.name]
+        assert rec.state == "finished" and rec.steps_done == 40
+        assert len(rec.segments) == 1
+        seg = rec.segments[0]
+        assert seg.placement.gpus == 0.5 and seg.placement.device_map() == {node: ((0, 0.5),)}
+        segs.append(seg)
+    assert _overlap(segs), [(s.start_s, s.end_s) for s in segs]
