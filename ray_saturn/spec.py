@@ -178,8 +178,8 @@ class ClusterSpec:
             nodes.append(NodeSpec(f"node-{node_id[:8]}", math.floor(gpus), node_id, ray_node_gpu_type(info)))
         if not nodes:
             raise SpecError(
-                "the Ray cluster has no node with a GPU; start Ray with GPUs "
-                "(e.g. ray.init(num_gpus=4) for logical GPUs on a CPU machine)"
+                "the Ray cluster has no node with a GPU; start Ray with GPUs (`ray start --head --num-gpus 4`, "
+                "ray.init(num_gpus=4) for logical GPUs on a CPU machine, or the CLI's --num-gpus 4 for a local one)"
             )
         nodes.sort(key=lambda n: n.name)
         return cls(tuple(nodes))

@@ -34,6 +34,10 @@ def no_ray(monkeypatch):
         (["run", "{w}", "--storage", "{tmp}/r", "--solver-time-limit", "inf"], "--solver-time-limit: 'inf'"),
         (["run", "{w}", "--storage", "{tmp}/r", "--policy", "nosuch"], "unknown policy 'nosuch'"),
         (["profile", "{w}", "-o", "{tmp}/p.csv", "--num-gpus", "0"], "--num-gpus: '0' is not a whole number"),
+        (["profile", "{w}", "-o", "{tmp}/p.csv", "--num-gpus", "2", "--address", "127.0.0.1:1"],
+         "--num-gpus starts a local Ray and --address joins one; give one of them"),
+        (["run", "{w}", "--storage", "{tmp}/r", "--num-gpus", "0"], "--num-gpus: '0' is not a whole number"),
+        (["resume", "{tmp}/r", "--num-gpus", "two"], "--num-gpus: 'two' is not a whole number"),
         (["profile", "{w}", "-o", "{tmp}/p.csv", "--warmup", "-1"], "--warmup: '-1' is not a whole number"),
         (["profile", "{w}", "-o", "{tmp}/p.csv", "--steps", "1.5"], "--steps: '1.5' is not a whole number"),
         (["profile", "{w}", "-o", "{tmp}/p.csv", "--trial-timeout", "nan"], "--trial-timeout: 'nan'"),
@@ -62,6 +66,18 @@ def test_bad_input_is_one_line_before_ray_starts(tmp_path, capsys, no_ray, args,
     err = capsys.readouterr().err
     assert message.format(tmp=tmp_path) in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("command", [["run", "{w}", "--storage", "{tmp}/r"], ["resume", "{tmp}/r"],
+                                     ["profile", "{w}", "-o", "{tmp}/p.csv"]])
+def test_num_gpus_with_ray_address_set_is_one_line(tmp_path, capsys, no_ray, monkeypatch, command):
+    (tmp_path / "w.py").write_text(WORKLOAD)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    argv = [a.format(w=tmp_path / "w.py", tmp=tmp_path) for a in command] + ["--num-gpus", "2"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--num-gpus starts a local Ray, but RAY_ADDRESS is set (127.0.0.1:6379); drop --num-gpus" in err, err
+    assert len(err.strip().splitlines()) == 1, err
 
 
 def test_the_demo_library_refuses_an_infinite_scale():

@@ -3,16 +3,16 @@ segments and real TorchTrainer segments (``resources_per_worker={"GPU": share}``
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-import ray
-import torch
 
-import ray_saturn
-from ray_saturn import ClusterSpec, ProfileTable, Task
+from ray_saturn import ClusterSpec, ProfileTable
 from ray_saturn.runtime.api import emulate, emulated_cluster
-from ray_saturn.runtime.driver import DriverConfig
 from ray_saturn.runtime.ledger import LedgerError
 from ray_saturn.runtime.pg_manager import PlacementGroupManager
 
@@ -79,42 +79,49 @@ def test_emulation_runs_typed_rows_only_on_nodes_of_their_type(tmp_path):
     assert all(row_type == node_type for w in where.values() for row_type, node_type in w)
 
 
-def _model(hp):
+WORKLOAD = """
+import torch
+from ray_saturn import Task
+
+def model(hp):
     return torch.nn.Linear(4, 1)
 
-
-def _data(hp):
+def data(hp):
     g = torch.Generator().manual_seed(0)
     return [(torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)) for _ in range(4)]
 
-
-def _loss(out, batch):
+def loss(out, batch):
     return torch.nn.functional.mse_loss(out, batch[1])
 
-
-def _opt(params, hp):
+def opt(params, hp):
     return torch.optim.SGD(params, lr=hp["lr"])
+
+tasks = [Task(f"h{i}", model, data, loss, opt, {"lr": 0.1}, max_steps=40) for i in range(2)]
+"""
 
 
 def test_run_trains_two_half_shares_on_one_logical_gpu(tmp_path):
-    """Two TorchTrainer segments (one worker of {"GPU": 0.5} each) run at once on device 0: two
-    training processes, what two cores hold."""
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    tasks = [Task(f"h{i}", _model, _data, _loss, _opt, {"lr": 0.1}, max_steps=40) for i in range(2)]
-    profile = ProfileTable.from_rows(
-        [{"task": t.name, "strategy": "single", "gpus": 0.5, "step_time_s": 0.1, "steps": 40} for t in tasks]
+    """``ray-saturn run --num-gpus 1`` (a local Ray of one logical GPU): two TorchTrainer segments (one
+    worker of {"GPU": 0.5} each) run at once on device 0: two training processes, what two cores hold."""
+    (tmp_path / "w.py").write_text(WORKLOAD)
+    ProfileTable.from_rows(
+        [{"task": f"h{i}", "strategy": "single", "gpus": 0.5, "step_time_s": 0.1, "steps": 40} for i in range(2)]
+    ).write(tmp_path / "p.csv")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "ray-saturn"), "run", str(tmp_path / "w.py"), "--profile",
+         str(tmp_path / "p.csv"), "--storage", str(tmp_path / "run"), "--num-gpus", "1", "--policy", "saturn-static",
+         "--checkpoint-interval", "1", "--solver-time-limit", "1", "--json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400,
     )
-    cfg = DriverConfig(checkpoint_interval_s=1.0, solver_time_limit_s=1.0, max_failures=1, policy="saturn-static")
-    with emulated_cluster(1, 1):
-        node = ClusterSpec.from_ray().nodes[0].name
-        result = ray_saturn.run(tasks, storage=tmp_path / "run", profile=profile, config=cfg)
-    assert result.state == "finished", result
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "1 logical GPUs on the CPU" in out.stderr  # the one line that says what local mode chose
+    result = json.loads(out.stdout)
+    assert result["state"] == "finished", result
     segs = []
-    for t in tasks:
-        rec = result.tasks[t.name]
-        assert rec.state == "finished" and rec.steps_done == 40
-        assert len(rec.segments) == 1
-        seg = rec.segments[0]
-        assert seg.placement.gpus == 0.5 and seg.placement.device_map() == {node: ((0, 0.5),)}
+    for rec in result["tasks"]:
+        assert rec["state"] == "finished" and rec["steps_done"] == 40
+        (seg,) = rec["segments"]
+        assert seg["gpus"] == 0.5 and list(seg["devices"].values()) == [[[0, 0.5]]], seg
         segs.append(seg)
-    assert _overlap(segs), [(s.start_s, s.end_s) for s in segs]
+    assert _overlap(segs), [(s["start_s"], s["end_s"]) for s in segs]

@@ -171,3 +171,36 @@ def write_text(path: str, text: str, flag: str) -> None:
         raise SaturnError(f"{flag} {path}: cannot write ({exc.strerror or exc})") from None
 
 
+
+
+def add_local_gpus_option(p: argparse.ArgumentParser, *, what: str) -> None:
+    """``--num-gpus N``: start a local Ray for this command instead of joining a running cluster."""
+    from ray_saturn.limits import MAX_GPUS_PER_NODE
+
+    p.add_argument(
+        "--num-gpus", type=count("--num-gpus", high=MAX_GPUS_PER_NODE), metavar="N",
+        help=f"{what} on a local Ray of N GPUs started for it (the CUDA devices; without CUDA, N logical "
+        "GPUs capped at the CPU cores, one training process per core) instead of the running cluster",
+    )
+
+
+@contextlib.contextmanager
+def local_cluster(num_gpus: int | None) -> Iterator[None]:
+    """A local Ray of ``num_gpus`` (see :func:`add_local_gpus_option`) for the command, said in one
+    line on stderr; nothing when ``num_gpus`` is None (the command joins RAY_ADDRESS or starts Ray itself)."""
+    import os
+
+    if num_gpus is None:
+        yield
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        raise SaturnError(
+            f"--num-gpus starts a local Ray, but RAY_ADDRESS is set ({os.environ['RAY_ADDRESS']}); "
+            "drop --num-gpus to use that cluster, or unset RAY_ADDRESS"
+        )
+    from ray_saturn.runtime.local import local_gpus, local_ray
+
+    lg = local_gpus(num_gpus)
+    print(lg.describe(), file=sys.stderr)
+    with local_ray(lg):
+        yield

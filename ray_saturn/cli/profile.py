@@ -3,7 +3,9 @@
 TASKS.py is a Python file defining ``tasks``: a list of ray_saturn.Task, or
 a function returning one. Connects to a running Ray cluster (``--address``,
 default: the one in RAY_ADDRESS or a local one) or, with ``--num-gpus N``,
-starts a local Ray with N logical GPUs (dashboard off).
+starts a local Ray of N GPUs (without CUDA, N logical GPUs capped at the
+CPU cores, as ``ray-saturn run --num-gpus`` starts them: profiling measures
+under the concurrency the run has; dashboard off).
 """
 
 from __future__ import annotations
@@ -14,10 +16,9 @@ import logging
 from pathlib import Path
 
 from ray_saturn import defaults
-from ray_saturn.cli.args import count, json_stream, output_file, positive, seconds
+from ray_saturn.cli.args import add_local_gpus_option, count, json_stream, local_cluster, output_file, positive, seconds
 from ray_saturn.cli.plan import add_cluster_args, cluster_from_args
 from ray_saturn.errors import SpecError
-from ray_saturn.limits import MAX_GPUS_PER_NODE
 from ray_saturn.workload_file import load_workload
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,7 @@ def add_parser(sub) -> None:
     )
     add_cluster_args(p)
     p.add_argument("--address", help="Ray address to connect to (default: auto)")
-    p.add_argument("--num-gpus", type=count("--num-gpus", high=MAX_GPUS_PER_NODE), metavar="N",
-                   help="start a local Ray with N logical GPUs")
+    add_local_gpus_option(p, what="measure")
     p.add_argument(
         "--strategies", help="comma-separated strategies to try (default: all registered)"
     )
@@ -117,18 +117,18 @@ def run(args: argparse.Namespace) -> int:
         segment_costs=not args.no_segment_costs,
         shares=args.shares,
     )
-    started = False
-    if not ray.is_initialized():
-        if args.num_gpus is not None:
-            ray.init(address="local", num_gpus=args.num_gpus, include_dashboard=False)
-        else:
+    if args.num_gpus is not None and args.address:
+        raise SpecError("--num-gpus starts a local Ray and --address joins one; give one of them")
+    with local_cluster(args.num_gpus):
+        started = False
+        if not ray.is_initialized():
             ray.init(address=args.address or "auto", include_dashboard=False)
-        started = True
-    try:
-        result = profiler.run(tasks)
-    finally:
-        if started:
-            ray.shutdown()
+            started = True
+        try:
+            result = profiler.run(tasks)
+        finally:
+            if started:
+                ray.shutdown()
     result.table.write(args.output)
     if args.json:
         print(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 
+from ray_saturn.cli.args import add_local_gpus_option, local_cluster
 from ray_saturn.cli.run import print_result
 from ray_saturn.runtime.api import resume
 
@@ -31,11 +32,13 @@ def add_parser(sub) -> None:
         metavar="FILE",
         help="the workload file to run (default: the one the run started with, if unchanged)",
     )
+    add_local_gpus_option(p, what="continue")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    result = resume(args.storage, workload=args.workload)
+    with local_cluster(args.num_gpus):
+        result = resume(args.storage, workload=args.workload)
     print_result(result, as_json=args.json)
     return 0 if result.state == "finished" and not result.failed_tasks else 1

@@ -13,7 +13,7 @@ import json
 import os
 
 from ray_saturn import defaults
-from ray_saturn.cli.args import json_stream, seconds
+from ray_saturn.cli.args import add_local_gpus_option, json_stream, local_cluster, seconds
 from ray_saturn.solver.objective import OBJECTIVES
 from ray_saturn.workload_file import load_workload
 
@@ -51,6 +51,7 @@ def add_parser(sub) -> None:
     p.add_argument("--objective", default="makespan", choices=OBJECTIVES,
                    help="what plans optimise: makespan (default), completion (mean job completion time) "
                    "or online (completion time, makespan within 3%% of the best)")
+    add_local_gpus_option(p, what="train")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=run)
 
@@ -67,13 +68,14 @@ def run(args: argparse.Namespace) -> int:
         solver_time_limit_s=args.solver_time_limit,
         objective=args.objective,
     )
-    result = run_api(
-        tasks,
-        storage=args.storage,
-        profile=args.profile,
-        config=cfg,
-        workload=os.path.abspath(args.workload),
-    )
+    with local_cluster(args.num_gpus):
+        result = run_api(
+            tasks,
+            storage=args.storage,
+            profile=args.profile,
+            config=cfg,
+            workload=os.path.abspath(args.workload),
+        )
     print_result(result, as_json=args.json)
     return 0 if result.state == "finished" and not result.failed_tasks else 1
 
