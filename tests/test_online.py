@@ -28,7 +28,14 @@ from ray_saturn.plan import Assignment, Plan
 from ray_saturn.sim import SimConfig, oracle_completion_bound, simulate
 from ray_saturn.solver import build_problem, solve
 from ray_saturn.solver.completion_bound import completion_lower_bound, srpt_total, wspt_mean_busy_bound
-from ray_saturn.solver.objective import objective_gain, parse_objective, solver_policy
+from ray_saturn.solver.objective import (
+    BACKGROUND_HORIZON_S,
+    BACKGROUND_WEIGHT,
+    is_background,
+    objective_gain,
+    parse_objective,
+    solver_policy,
+)
 from ray_saturn.spec import NodeSpec
 
 # ----------------------------------------------------------------- objective names
@@ -200,6 +207,48 @@ def test_arrival_price_is_shared_by_the_jobs_that_would_queue_behind():
     assert gpus == {0.0: 4, 1.0: 1}
     with pytest.raises(SpecError, match="area_share"):
         PlanningContext(area_share={"long": 1.5})
+
+
+def test_background_job_fills_the_gpus_left_now_while_jobs_arrive():
+    """While jobs arrive, a job almost every arrival is smaller than (share ~0) and too big for the
+    cluster to clear within the horizon is a background job: it takes the widest efficient option
+    that starts first, here the 2 GPUs a short job leaves free now, instead of waiting for all 4
+    (which ends it sooner in a plan that sees no later arrivals, but leaves 2 GPUs idle, and the next
+    arrival would push it back again). With no arrival price it is planned as before."""
+    # big: 2 GPUs 10,000 s (20,000 GPU-s, > 4 GPUs x the horizon), 4 GPUs 5,200 s (efficiency 0.96),
+    # 1 GPU 24,000 s (more than 4 x its fastest run: never a background row).
+    profile = rows_profile(("big", [(1, 24.0), (2, 10.0), (4, 5.2)], 1000), ("short", [(2, 1.0)], 100))
+    cluster = ClusterSpec.uniform(1, 4)
+    assert 4 * BACKGROUND_HORIZON_S < 20_000
+    ctx = PlanningContext(area_share={"big": 0.0, "short": 1.0})
+    got = {}
+    for weight in (0.0, 0.01):
+        policy = solver_policy("saturn", objective="online", deterministic=True, area_weight=weight)
+        plan = solve(profile, cluster, policy, context=ctx, time_limit_s=0.5, seed=0)
+        big = plan.by_task()["big"]
+        got[weight] = (big.gpus, big.start_s)
+    assert got[0.0] == (4, pytest.approx(100.0))  # no arrival price: the fastest end, after "short"
+    assert got[0.01] == (2, pytest.approx(0.0))  # arrivals priced: it fills the 2 GPUs free now
+    # A job that the cluster clears within the horizon, or that some arrivals are larger than, is not.
+    assert is_background(0.0, 20_000, 4) and not is_background(0.0, 4 * BACKGROUND_HORIZON_S, 4)
+    assert not is_background(0.2, 20_000, 4) and not is_background(None, 20_000, 4)
+
+
+def test_background_job_completion_counts_less_while_jobs_arrive():
+    """A background job's completion time counts BACKGROUND_WEIGHT of its weight in the gain of a
+    move while jobs arrive (so a short arrival may shrink it); with the makespan guard on, fully."""
+    keep = Plan("saturn", 100.0, 50.0, 0.0, "feasible",
+                [Assignment("a", "ddp", 1, ("n",), 0.0, 100.0), Assignment("b", "ddp", 1, ("n",), 0.0, 90.0)])
+    move = Plan("saturn", 200.0, 50.0, 0.0, "feasible",
+                [Assignment("a", "ddp", 1, ("n",), 0.0, 200.0), Assignment("b", "ddp", 1, ("n",), 0.0, 10.0)])
+    share = {"a": 0.0, "b": 1.0}
+    full = objective_gain(keep, move, "online", {}, area_weight=0.1, area_share=share)
+    quiet = objective_gain(keep, move, "online", {}, area_weight=0.1, area_share=share, background={"a"})
+    # ends: a 100 -> 200, b 90 -> 10; priced GPU-seconds (a's share 0): 90 -> 10
+    assert full == pytest.approx(-100.0 + 80.0 + 0.1 * 80.0)
+    assert quiet == pytest.approx(-100.0 * BACKGROUND_WEIGHT + 80.0 + 0.1 * 80.0)
+    assert quiet > 0 > full
+    assert objective_gain(keep, move, "online", {}, background={"a"}) == pytest.approx(-100.0)
 
 
 def test_controller_shares_the_price_and_replans_when_it_lapses():

@@ -55,7 +55,13 @@ from ray_saturn.control.state import RECENT_REPORTS, Placement, Segment, TaskPro
 from ray_saturn.errors import SaturnError
 from ray_saturn.plan import Plan
 from ray_saturn.profile_table import ProfileTable
-from ray_saturn.solver.objective import objective_gain, parse_objective, solver_policy, task_weights
+from ray_saturn.solver.objective import (
+    is_background,
+    objective_gain,
+    parse_objective,
+    solver_policy,
+    task_weights,
+)
 from ray_saturn.spec import ClusterSpec, NodeSpec
 
 __all__ = ["Action", "Controller", "ReplanRecord", "SolveFn"]
@@ -628,7 +634,8 @@ class Controller:
             keep_inp = self._input(now, movable=False)
             assert keep_inp is not None
             keep = self._call_solver(keep_inp, max(0.1, limit / 2))
-            gain = objective_gain(keep, plan, self.objective, self._weights, area_weight, self._area_share)
+            gain = objective_gain(keep, plan, self.objective, self._weights, area_weight, self._area_share,
+                                  self._background(inp))
             decisions = decide_moves(
                 running, plan, keep.makespan_s, self._move_costs(running, plan), gain_s=gain
             )
@@ -730,6 +737,12 @@ class Controller:
             mine = _least_gpu_seconds(inp.profile, t)
             out[t] = (len(sizes) - bisect.bisect_right(sizes, mine)) / len(sizes)
         return out
+
+    def _background(self, inp: ReplanInput) -> frozenset[str]:
+        """``online``: the tasks of ``inp`` in the background (:func:`is_background`)."""
+        gpus = sum(n.gpus for n in inp.cluster.nodes)
+        return frozenset(t for t in inp.tasks
+                         if is_background(self._area_share.get(t), _least_gpu_seconds(inp.profile, t), gpus))
 
     def _price_lapse(self) -> float | None:
         """When :meth:`_future_load` drops to 0 if nothing else arrives: the last arrival (those at

@@ -31,7 +31,16 @@ the objective (:mod:`ray_saturn.solver.objective`):
    the caller), the least weighted completion; ``completion`` ignores the
    makespan; critical-first orders (the longest tasks ahead of SRPT) are
    added so that a long job arriving late is not starved.
-5. Improvement: adjacent swaps in the priority order, kept when they lower
+5. ``online`` while jobs arrive: a background task (almost every arrival is
+   smaller and passes it, and the cluster cannot clear it within
+   :data:`~ray_saturn.solver.objective.BACKGROUND_HORIZON_S`) fills what is
+   left: the widest option of efficiency >= :data:`FILL_EFFICIENCY` (and at
+   most :data:`FILL_SPAN` x its fastest run) among those that start first,
+   rather than waiting for a wide row that the next arrivals would take
+   again; its completion counts
+   :data:`~ray_saturn.solver.objective.BACKGROUND_WEIGHT` of its weight, so
+   a short arrival may shrink or pause it.
+6. Improvement: adjacent swaps in the priority order, kept when they lower
    the objective, while the evaluation budget lasts.
 
 Deterministic for given inputs (no clock decides anything but the budget's
@@ -42,12 +51,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from ray_saturn.errors import InfeasibleError
 from ray_saturn.solver.listsched import _first_k_fit, _NodeProfile
-from ray_saturn.solver.objective import ONLINE_SLACK, weighted_completion
+from ray_saturn.solver.objective import BACKGROUND_WEIGHT, ONLINE_SLACK, is_background, weighted_completion
 from ray_saturn.solver.problem import Problem, Schedule
 
 __all__ = ["CompletionResult", "completion_schedule", "completion_search", "objective_value"]
@@ -55,6 +64,11 @@ __all__ = ["CompletionResult", "completion_schedule", "completion_search", "obje
 _EFFICIENCIES = (1.0, 0.75, 0.5, 0.0)
 #: GPU caps as multiples of the fair share G / m (m tasks to plan); None: no cap.
 _SHARES = (1.0, 2.0, 4.0, None)
+#: ``online`` while jobs arrive: a background task (see :func:`background_tasks`) takes, among its
+#: options with at least this efficiency (least area / area) ...
+FILL_EFFICIENCY = 0.84
+#: ... and at most this many times its shortest duration, the widest of those that start first.
+FILL_SPAN = 4.0
 #: Decodings of the improvement phase per candidate family (the sweep is always done).
 IMPROVE_EVALS = 60
 
@@ -90,6 +104,7 @@ def completion_schedule(
     keep_running: bool,
     cap: int | None = None,
     pause: bool = False,
+    fill: Collection[int] = (),
 ) -> Schedule:
     """Serial schedule generation with the option picked per task (see the module docstring).
 
@@ -128,10 +143,19 @@ def completion_schedule(
         running = problem.pinned_option(t) is not None
         if running and not pause:
             reserve -= min(o.gpus for o in opts)
-        # The GPU cap (a share of the cluster) applies unless no option fits under it.
-        limit = cap if cap is not None and any(o.gpus <= cap for o in opts) else math.inf
+        filling = t in fill
+        if filling:
+            # A background task: the widest option with efficiency >= FILL_EFFICIENCY that starts first.
+            limit, e_t = math.inf, FILL_EFFICIENCY
+        else:
+            # The GPU cap (a share of the cluster) applies unless no option fits under it.
+            limit = cap if cap is not None and any(o.gpus <= cap for o in opts) else math.inf
+            e_t = efficiency
         areas = [o.area for o in opts if not o.pinned and o.gpus <= limit]
         least = min(areas) if areas else math.inf
+        longest = math.inf
+        if filling:
+            longest = FILL_SPAN * min(o.duration_s for o in opts if not o.pinned) if areas else math.inf
         r = float(problem.release[t])
         # A running task that moves restarts at once, unless it may be paused.
         at_once = any(o.pinned for o in opts) and not pause
@@ -142,14 +166,17 @@ def completion_schedule(
                 continue
             if o.pinned_nodes is not None:
                 if all(profiles[i].fits(0.0, d, o.per_node) for i in o.pinned_nodes):
-                    key = (d, o.gpus, j, 0.0, o.pinned_nodes)
+                    key = (0.0, -o.gpus, j, 0.0, o.pinned_nodes) if filling else (d, o.gpus, j, 0.0, o.pinned_nodes)
                     if best is None or key[:2] < best[:2]:
                         best = key
                 continue
-            if o.area > least / max(efficiency, 1e-12) * (1 + 1e-9):
+            if o.area > least / max(e_t, 1e-12) * (1 + 1e-9) or d > longest:
                 continue
             q, k = o.per_node, o.k
-            give_up = best[0] - d if best is not None else math.inf
+            if filling:
+                give_up = best[0] if best is not None else math.inf
+            else:
+                give_up = best[0] - d if best is not None else math.inf
             if give_up < r:
                 continue
             if k == 1:
@@ -178,7 +205,7 @@ def completion_schedule(
                 continue
             if not running and s <= 1e-6 and free_at_0 - o.gpus < reserve:
                 continue
-            key = (s + d, o.gpus, j, s, sel)
+            key = (s, -o.gpus, j, s, sel) if filling else (s + d, o.gpus, j, s, sel)
             if best is None or key[:2] < best[:2]:
                 best = key
         if best is None:
@@ -191,6 +218,16 @@ def completion_schedule(
         for i in sel:
             profiles[i].add(s, o.duration_s, o.per_node)
     return Schedule(option, start, nodes, dur)
+
+
+def background_tasks(problem: Problem) -> frozenset[int]:
+    """The tasks in the background (:func:`~ray_saturn.solver.objective.is_background`): almost
+    every job that arrives is smaller and passes them, so they take what capacity is left."""
+    shares = problem.context.area_share
+    return frozenset(
+        t for t, name in enumerate(problem.tasks)
+        if is_background(shares.get(name), min(o.area for o in problem.options[t]), problem.total_gpus)
+    )
 
 
 def _orders(problem: Problem, weights: Sequence[float], critical: bool) -> list[list[int]]:
@@ -243,12 +280,15 @@ def completion_search(
     fair = problem.total_gpus / max(1, problem.num_tasks)
     rules = [(e, None if k is None else max(1, math.ceil(k * fair))) for k in _SHARES for e in _EFFICIENCIES]
     evaluated = 0
+    fill = background_tasks(problem) if objective == "online" and area_weight > 0 else frozenset()
+    score_weights = [BACKGROUND_WEIGHT * w if t in fill else w for t, w in enumerate(weights)]
     for keep in modes:
         for order in _orders(problem, weights, critical=objective == "online"):
             for e, cap in rules:
                 evaluated += 1
                 try:
-                    sched = completion_schedule(problem, order, e, keep_running=keep, cap=cap, pause=pause)
+                    sched = completion_schedule(problem, order, e, keep_running=keep, cap=cap, pause=pause,
+                                                fill=fill)
                 except InfeasibleError:
                     if keep:
                         raise
@@ -265,7 +305,7 @@ def completion_search(
         over = s.makespan > limit
         if over:
             return (1, s.makespan)
-        return (0, objective_value(problem, s, "completion", weights) + area_weight * priced_area(problem, s))
+        return (0, objective_value(problem, s, "completion", score_weights) + area_weight * priced_area(problem, s))
 
     pool = [(score(s), s, order, e, keep) for s, order, e, keep in cands]
     pool += [(score(s), s, None, None, None) for s in reference]
@@ -282,7 +322,8 @@ def completion_search(
             cand = [*order[:i], order[i + 1], order[i], *order[i + 2 :]]
             evaluated += 1
             try:
-                s = completion_schedule(problem, cand, eff[0], keep_running=keep, cap=eff[1], pause=pause)
+                s = completion_schedule(problem, cand, eff[0], keep_running=keep, cap=eff[1], pause=pause,
+                                        fill=fill)
             except InfeasibleError:
                 i += 1
                 tries += 1

@@ -11,7 +11,10 @@
   arriving over time, e.g. a Tune search). While jobs arrive, the makespan
   guard is off and a plan's GPU-seconds are priced instead by the wait they
   cause the jobs expected to arrive: each task's by the share of those that
-  would queue behind it (the larger ones).
+  would queue behind it (the larger ones). A background job (:func:`is_background`:
+  almost every arrival is smaller, and the cluster cannot clear it within
+  :data:`BACKGROUND_HORIZON_S`) fills the GPUs left over and its completion
+  counts :data:`BACKGROUND_WEIGHT` of its weight then.
 
 Completion times are measured from time 0 of the plan; a task's release does
 not change which plan is better (it is the same for every plan), so
@@ -27,13 +30,17 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from ray_saturn.errors import SpecError
 
 __all__ = [
+    "BACKGROUND_HORIZON_S",
+    "BACKGROUND_SHARE",
+    "BACKGROUND_WEIGHT",
     "OBJECTIVES",
     "ONLINE_SLACK",
+    "is_background",
     "objective_gain",
     "parse_objective",
     "solver_policy",
@@ -42,8 +49,23 @@ __all__ = [
 ]
 
 OBJECTIVES = ("makespan", "completion", "online")
+#: ``online`` while jobs arrive: a task is in the background when fewer than this share of the
+#: arrived jobs are larger than it ...
+BACKGROUND_SHARE = 0.05
+#: ... and its least remaining GPU-seconds exceed what the whole cluster does in this time (s).
+BACKGROUND_HORIZON_S = 3600.0
+#: A background task's completion time counts this much of its weight while jobs arrive.
+BACKGROUND_WEIGHT = 0.1
 #: ``online``: a plan's makespan may exceed the best one found by this fraction.
 ONLINE_SLACK = 0.03
+
+
+def is_background(share: float | None, least_area_gpu_s: float, total_gpus: float) -> bool:
+    """``online`` while jobs arrive: a task is in the background when almost every job that arrives
+    is smaller (``share`` of the arrived jobs larger than it below :data:`BACKGROUND_SHARE`) and its
+    least remaining GPU-seconds exceed what the whole cluster does in :data:`BACKGROUND_HORIZON_S`."""
+    return (share is not None and share < BACKGROUND_SHARE
+            and least_area_gpu_s > total_gpus * BACKGROUND_HORIZON_S)
 
 
 def parse_objective(name: str | None) -> str:
@@ -97,10 +119,13 @@ def objective_gain(
     weights: Mapping[str, float],
     area_weight: float = 0.0,
     area_share: Mapping[str, float] | None = None,
+    background: Collection[str] = (),
 ) -> float:
     """How much better plan ``move`` is than plan ``keep`` for ``objective`` (seconds; weighted
     task-seconds for completion). ``area_weight`` prices the GPU-seconds each plan uses, per task
-    scaled by ``area_share`` (see :func:`~ray_saturn.solver.completion.completion_search`).
+    scaled by ``area_share`` (see :func:`~ray_saturn.solver.completion.completion_search`); with
+    that price on (``online``), the ends of the ``background`` tasks count
+    :data:`BACKGROUND_WEIGHT` of their weights.
 
     For ``online`` without an arrival price (the makespan guard is on), the two plans are ranked
     as the search ranks them: one whose makespan exceeds the other's by more than
@@ -110,8 +135,14 @@ def objective_gain(
     if objective == "makespan":
         return keep.makespan_s - move.makespan_s
 
+    quiet = background if objective == "online" and area_weight > 0 else ()
+
+    def weight(t: str) -> float:
+        w = weights.get(t, 1.0)
+        return w * BACKGROUND_WEIGHT if t in quiet else w
+
     def total(plan) -> float:
-        return (sum(weights.get(t, 1.0) * e for t, e in plan_ends(plan).items())
+        return (sum(weight(t) * e for t, e in plan_ends(plan).items())
                 + area_weight * plan_area(plan, area_share))
 
     guard = objective == "online" and area_weight <= 0
