@@ -26,17 +26,28 @@ def _overlap(segs) -> bool:
     return start < end
 
 
-def test_four_quarter_shares_share_one_logical_gpu_in_emulation(tmp_path):
-    rows = [{"task": f"q{i}", "strategy": "single", "gpus": 0.25, "step_time_s": 1.0, "steps": 300}
-            for i in range(4)]
-    with emulated_cluster(1, 1):
+def test_quarter_shares_share_one_logical_gpu_and_typed_rows_stay_on_their_type_in_emulation(tmp_path):
+    """One emulated cluster of a fast and a slow node (one logical GPU each): the bundles of four quarter
+    shares on the fast node's device, then two emulated runs on it (one Ray start for both)."""
+    quarters = [{"task": f"q{i}", "strategy": "single", "gpus": 0.25, "step_time_s": 1.0, "steps": 300,
+                 "gpu_type": "fast"} for i in range(4)]
+    typed = [
+        {"task": "fast-only", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 200, "gpu_type": "fast"},
+        {"task": "either", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 200, "gpu_type": "fast"},
+        {"task": "either", "strategy": "ddp", "gpus": 1, "step_time_s": 1.5, "steps": 200, "gpu_type": "slow"},
+        {"task": "slow-share", "strategy": "single", "gpus": 0.5, "step_time_s": 1.0, "steps": 200,
+         "gpu_type": "slow"},
+    ]
+    with emulated_cluster(2, 1, gpu_types=["fast", "slow"]):
         spec = ClusterSpec.from_ray()
-        node = spec.nodes[0]
+        types = {n.name: n.gpu_type for n in spec.nodes}
+        assert sorted(types.values()) == ["fast", "slow"]
+        node = next(n for n in spec.nodes if n.gpu_type == "fast")
         mgr = PlacementGroupManager(spec, run_name="bundles")
         try:  # the bundles: {"GPU": 0.25} pinned to the node; a fifth quarter does not fit device 0
             dev = {node.name: [(0, 0.25)]}
             for i in range(4):
-                mgr.reserve(f"b{i}", (node.name,), 0.25, devices=dev)
+                mgr.reserve(f"b{i}", (node.name,), 0.25, devices=dev, gpu_type="fast")
             assert all(mgr.wait_ready(f"b{i}", 20) for i in range(4))
             from ray.util import placement_group_table
 
@@ -46,32 +57,21 @@ def test_four_quarter_shares_share_one_logical_gpu_in_emulation(tmp_path):
             }
             with pytest.raises(LedgerError, match=r"device 0 of node .* would hold more than one GPU"):
                 mgr.reserve("b4", (node.name,), 0.25, devices=dev)
+            with pytest.raises(LedgerError, match=r"runs a row measured on slow, but node .* is of type fast"):
+                mgr.reserve("b5", (node.name,), 0.25, devices=dev, gpu_type="slow")
             assert mgr.hand_over("b0").scaling_config().resources_per_worker == {"GPU": 0.25}
         finally:
             mgr.release_all()
-        out = emulate(ProfileTable.from_rows(rows), 1, 1, time_scale=0.02, storage=tmp_path / "run",
+        shared = emulate(ProfileTable.from_rows(quarters), 2, 1, time_scale=0.02, storage=tmp_path / "shared",
+                         use_running_ray=True, policy="saturn-static")
+        out = emulate(ProfileTable.from_rows(typed), 2, 1, time_scale=0.02, storage=tmp_path / "typed",
                       use_running_ray=True, policy="saturn-static")
-    assert out["state"] == "finished", out
-    segs = [s for t in out["tasks"] for s in t["segments"]]
+    assert shared["state"] == "finished", shared
+    segs = [s for t in shared["tasks"] for s in t["segments"]]
     assert len(segs) == 4 and all(s["devices"] == {node.name: [[0, 0.25]]} for s in segs)
     assert _overlap(segs), segs  # all four ran at once on device 0
     # The plan: all four start at 0, each a quarter of device 0; sequentially they would take 4x as long.
-    assert out["realised_makespan_s"] < 2 * 300
-
-
-def test_emulation_runs_typed_rows_only_on_nodes_of_their_type(tmp_path):
-    rows = [
-        {"task": "fast-only", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 200, "gpu_type": "fast"},
-        {"task": "either", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 200, "gpu_type": "fast"},
-        {"task": "either", "strategy": "ddp", "gpus": 1, "step_time_s": 1.5, "steps": 200, "gpu_type": "slow"},
-        {"task": "slow-share", "strategy": "single", "gpus": 0.5, "step_time_s": 1.0, "steps": 200,
-         "gpu_type": "slow"},
-    ]
-    with emulated_cluster(2, 1, gpu_types=["fast", "slow"]):
-        types = {n.name: n.gpu_type for n in ClusterSpec.from_ray().nodes}
-        assert sorted(types.values()) == ["fast", "slow"]
-        out = emulate(ProfileTable.from_rows(rows), 2, 1, time_scale=0.02, storage=tmp_path / "run",
-                      use_running_ray=True, policy="saturn-static")
+    assert shared["realised_makespan_s"] < 2 * 300
     assert out["state"] == "finished", out
     where = {t["task"]: [(s["gpu_type"], types[n]) for s in t["segments"] for n in s["nodes"]] for t in out["tasks"]}
     assert where["fast-only"] == [("fast", "fast")]
