@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -171,8 +172,6 @@ def write_text(path: str, text: str, flag: str) -> None:
         raise SaturnError(f"{flag} {path}: cannot write ({exc.strerror or exc})") from None
 
 
-
-
 def add_local_gpus_option(p: argparse.ArgumentParser, *, what: str) -> None:
     """``--num-gpus N``: start a local Ray for this command instead of joining a running cluster."""
     from ray_saturn.limits import MAX_GPUS_PER_NODE
@@ -188,8 +187,6 @@ def add_local_gpus_option(p: argparse.ArgumentParser, *, what: str) -> None:
 def local_cluster(num_gpus: int | None) -> Iterator[None]:
     """A local Ray of ``num_gpus`` (see :func:`add_local_gpus_option`) for the command, said in one
     line on stderr; nothing when ``num_gpus`` is None (the command joins RAY_ADDRESS or starts Ray itself)."""
-    import os
-
     if num_gpus is None:
         yield
         return
