@@ -86,29 +86,55 @@ log = logging.getLogger(__name__)
 MAX_SIDE_BY_SIDE = 8
 #: Seconds of steps the start-up probe's trainers train to compare a segment's step time with the trial's.
 CALIBRATION_S = 2.0
+#: The most seconds of calibration steps per probe (per GPU count); signatures past it take the median factor.
+CALIBRATION_BUDGET_S = 16.0
 #: Step factors outside this range are taken for a measuring accident (logged, clamped).
 STEP_FACTOR_RANGE = (0.5, 3.0)
 
 
 def _calibrations(
     tasks: Sequence[Task], sigs: Mapping[str, str], measured: Mapping[tuple[str, str, int, int], StoredTrial]
-) -> dict[tuple[int, int], Calibration]:
-    """Per (gpus, nodes) of the feasible trials: the configuration the start-up probe trains, the one
-    with the median step time (about :data:`CALIBRATION_S` of its steps, 3 to 50)."""
-    by_sig = {}
+) -> dict[tuple[int, int], list[Calibration]]:
+    """Per (gpus, nodes) of the feasible trials: the configurations the start-up probe trains, one
+    per task signature (its fastest trial of that shape, the row a plan picks first; about
+    :data:`CALIBRATION_S` of its steps, 3 to 50). At most :data:`CALIBRATION_BUDGET_S` of steps per
+    shape: the signatures with the most work (steps x step time) first; the rest take the median
+    factor of those calibrated."""
+    by_sig: dict[str, Task] = {}
     for task in tasks:
         by_sig.setdefault(sigs[task.name], task)
-    shapes: dict[tuple[int, int], list[StoredTrial]] = {}
+    work: dict[str, float] = {}
+    for task in tasks:
+        work[sigs[task.name]] = work.get(sigs[task.name], 0.0) + float(task.total_steps)
+    shapes: dict[tuple[int, int], dict[str, StoredTrial]] = {}
     for t in measured.values():
         if t.feasible and t.step_time_s and t.step_time_s > 0 and t.signature in by_sig:
-            shapes.setdefault((t.gpus, t.nodes), []).append(t)
-    out = {}
-    for shape, trials in shapes.items():
-        t = sorted(trials, key=lambda x: (x.step_time_s, x.signature, x.strategy))[len(trials) // 2]
-        steps = max(3, min(50, math.ceil(CALIBRATION_S / t.step_time_s)))
-        knobs = parse_knobs(t.knobs, f"the knobs of {t.strategy} on {t.gpus} GPU(s)")
-        out[shape] = Calibration(by_sig[t.signature], t.strategy, knobs, steps, t.step_time_s)
+            best = shapes.setdefault((t.gpus, t.nodes), {})
+            old = best.get(t.signature)
+            if old is None or (t.step_time_s, t.strategy) < (old.step_time_s, old.strategy):
+                best[t.signature] = t
+    out: dict[tuple[int, int], list[Calibration]] = {}
+    for shape, best in shapes.items():
+        ranked = sorted(best.values(), key=lambda x: (-work[x.signature] * x.step_time_s, x.signature))
+        cals, spent = [], 0.0
+        for t in ranked:
+            steps = max(3, min(50, math.ceil(CALIBRATION_S / t.step_time_s)))
+            if cals and spent + steps * t.step_time_s > CALIBRATION_BUDGET_S:
+                continue
+            spent += steps * t.step_time_s
+            knobs = parse_knobs(t.knobs, f"the knobs of {t.strategy} on {t.gpus} GPU(s)")
+            cals.append(Calibration(by_sig[t.signature], t.strategy, knobs, steps, t.step_time_s, t.signature))
+        out[shape] = cals
     return out
+
+
+def _row_factor(probe: StoredStartup | None, signature: str) -> float:
+    """A row's step factor: its signature's, else the probe's median, else 1.0 (no probe)."""
+    if probe is None:
+        return 1.0
+    if signature in probe.step_factors:
+        return probe.step_factors[signature]
+    return probe.step_factor if probe.step_factor is not None else 1.0
 
 
 def _sane_factor(factor: float, gpus: int, nodes: int) -> float:
@@ -374,28 +400,34 @@ class Profiler:
         return result
 
     def _trainer_startup(
-        self, hardware: str, calibrations: dict[tuple[int, int], Calibration], cluster: ClusterSpec, tasks: int
+        self, hardware: str, calibrations: dict[tuple[int, int], list[Calibration]], cluster: ClusterSpec,
+        tasks: int,
     ) -> dict[tuple[int, int], StoredStartup]:
-        """Per (gpus, nodes): trainer start (``fit()`` to the loop) and step factor, with as many trainers
-        started side by side as :meth:`side_by_side` says: from the store, else probed now."""
-        from ray_saturn.profiler.segment import probe_trainer_startup
+        """Per (gpus, nodes): trainer start (``fit()`` to the loop) and step factors, with as many trainers
+        started side by side as :meth:`side_by_side` says: from the store, else probed now. A kept
+        probe without a factor for some signature probes again, calibrating only those, and keeps the
+        factors it had."""
+        from ray_saturn.profiler.segment import median_factor, probe_trainer_startup
 
         out = {}
-        for (g, n), cal in sorted(calibrations.items(), key=lambda kv: kv[0]):
+        for (g, n), cals in sorted(calibrations.items(), key=lambda kv: kv[0]):
             k = self.side_by_side(cluster, g, tasks)
             known = self.store.startup(hardware, g, n, k)
-            if known is None or known.step_factor is None:
+            kept = dict(known.step_factors) if known is not None and known.step_factor is not None else {}
+            todo = [c for c in cals if c.signature not in kept]
+            if known is None or known.step_factor is None or todo:
                 try:
-                    probe = probe_trainer_startup(g, n, side_by_side=k, calibrate=cal)
+                    probe = probe_trainer_startup(g, n, side_by_side=k, calibrate=todo)
                 except Exception as exc:
                     raise ProfileError(
                         f"the trainer start-up probe on {g} GPU(s) failed ({type(exc).__name__}: "
                         f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}); "
                         "profile with segment_costs=False to leave start-up out of the plan"
                     ) from None
-                factor = _sane_factor(probe.step_factor, g, n)
-                self.store.put_startup(hardware, g, n, probe.start_s, probe.stop_s, k, factor)
-                known = StoredStartup(probe.start_s, probe.stop_s, factor)
+                kept.update({sig: _sane_factor(f, g, n) for sig, f in probe.step_factors.items()})
+                factor = median_factor(kept.values())
+                self.store.put_startup(hardware, g, n, probe.start_s, probe.stop_s, k, factor, kept)
+                known = StoredStartup(probe.start_s, probe.stop_s, factor, kept)
             out[(g, n)] = known
         return out
 
@@ -476,7 +508,7 @@ class Profiler:
                 # A run's step also draws its batch: the data factory's time per batch counts.
                 step = None if not t.feasible or t.step_time_s is None else t.step_time_s + (t.data_s or 0.0)
                 probe = startup.get((t.gpus, t.nodes)) if startup is not None else None
-                factor = probe.step_factor if probe is not None and probe.step_factor is not None else 1.0
+                factor = _row_factor(probe, sig)
                 trial_step = step
                 if step is not None:
                     step *= factor  # as fast as a segment steps, not as fast as the trial did

@@ -27,12 +27,18 @@ can include them (profile columns ``startup_s``, ``checkpoint_save_s``,
   profiler probes with as many side by side as the cluster fits (see
   :meth:`ray_saturn.profiler.Profiler.run`). It depends on the cluster, not
   on the task, so the profiler runs it once per (GPU count, side by side)
-  and hardware and keeps it in its store. Given a :class:`Calibration` (a
-  measured configuration of that GPU count), every trainer also trains it
-  for a few seconds and the probe reports ``step_factor``: the trainers'
-  step time over the trial's. A segment steps beside Ray Train's controller
-  and helper actors and the other segments, a trial in a bare warm worker;
-  the profile's step times are the trials' times this factor.
+  and hardware and keeps it in its store. Given :class:`Calibration` s (one
+  measured configuration of that GPU count per task signature), every
+  trainer also trains each of them in turn, for a few seconds each, and the
+  probe reports ``step_factors``: per signature, the trainers' step time
+  over the trial's (and ``step_factor``, their median, for signatures not
+  calibrated). A segment steps beside Ray Train's controller and helper
+  actors and the other segments, a trial in a bare warm worker; the
+  profile's step times are the trials' times their signature's factor. The
+  trainers side by side train the same configuration at the same moment, so
+  the factor holds what running next to a like segment costs *that* task
+  (on a CPU machine, a wide convolution slows more beside another than a
+  small MLP; one factor per GPU count missed that by up to 1.3x).
 
 A configuration's ``startup_s`` = trainer start (per GPU count) + its setup.
 
@@ -49,11 +55,13 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Calibration", "SegmentCosts", "TrainerStartup", "measure_segment_costs", "probe_trainer_startup"]
+__all__ = [
+    "Calibration", "SegmentCosts", "TrainerStartup", "measure_segment_costs", "median_factor", "probe_trainer_startup",
+]
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +86,15 @@ class SegmentCosts:
 class Calibration:
     """A configuration the start-up probe trains inside its trainers: ``task`` on ``strategy`` with
     ``knobs``, ``steps`` timed steps after one untimed; ``trial_step_s``: its step time in the
-    profiling trial, what the trainers' step time is compared with."""
+    profiling trial, what the trainers' step time is compared with; ``signature``: the task
+    signature its factor is kept for."""
 
     task: Any
     strategy: str
     knobs: Mapping[str, Any]
     steps: int
     trial_step_s: float
+    signature: str = ""
 
 
 @dataclass(frozen=True)
@@ -92,8 +102,9 @@ class TrainerStartup:
     """TorchTrainers of ``gpus`` workers on ``nodes`` nodes, ``side_by_side`` started at once:
     ``fit()`` to the loop and loop to return (s), the mean over them; ``slowest_s`` the slowest start.
 
-    ``step_factor``: with a :class:`Calibration`, its step time inside the trainers (the mean over
-    them) over its step time in the profiling trial; 1.0 without one.
+    ``step_factors``: per calibrated signature, its step time inside the trainers (the mean over
+    them) over its step time in the profiling trial; ``step_factor``: their median, 1.0 without
+    calibrations.
     """
 
     gpus: int
@@ -103,6 +114,7 @@ class TrainerStartup:
     side_by_side: int = 1
     slowest_s: float = 0.0
     step_factor: float = 1.0
+    step_factors: Mapping[str, float] = field(default_factory=dict)
 
 
 def _max_over_workers(values: list[float], ctx: Any) -> list[float]:
@@ -187,8 +199,8 @@ def measure_segment_costs(
 
 
 def _probe_loop(config: dict[str, Any]) -> None:
-    """The loop of the start-up probe: stamp the time on rank 0; train the calibration's steps, if
-    any (every rank), and stamp their step time and the loop's end; return."""
+    """The loop of the start-up probe: stamp the time on rank 0; train each calibration's steps in
+    turn (every rank), and stamp their step times and the loop's end; return."""
     import ray
     import ray.train
     import torch  # noqa: F401  (a real segment's loop imports it first)
@@ -197,17 +209,20 @@ def _probe_loop(config: dict[str, Any]) -> None:
     stamp = config["stamp"]
     if rank0:
         ray.get(stamp.mark.remote(time.time()))
-    cal: Calibration | None = config.get("calibrate")
-    if cal is not None:
+    cals: list[Calibration] = config.get("calibrate") or []
+    if cals:
         from ray_saturn.strategies import WorkerContext, get_strategy
         from ray_saturn.strategies.measure import measure_knobs
 
-        strat = get_strategy(cal.strategy)
-        step_s, _ = measure_knobs(
-            strat, cal.task, strat.check_knobs(dict(cal.knobs)), WorkerContext.current(), warmup=1, steps=cal.steps
-        )
+        ctx = WorkerContext.current()
+        times = []
+        for cal in cals:
+            strat = get_strategy(cal.strategy)
+            step_s, _ = measure_knobs(strat, cal.task, strat.check_knobs(dict(cal.knobs)), ctx, warmup=1,
+                                      steps=cal.steps)
+            times.append(step_s)
         if rank0:
-            ray.get(stamp.step.remote(step_s))
+            ray.get(stamp.step.remote(times))
     if rank0:
         ray.get(stamp.done.remote(time.time()))
 
@@ -220,18 +235,18 @@ def _stamp_cls():
         def __init__(self) -> None:
             self.t: float | None = None
             self.end: float | None = None
-            self.step_s: float | None = None
+            self.step_s: list[float] | None = None
 
         def mark(self, t: float) -> None:
             self.t = t
 
-        def step(self, step_s: float) -> None:
+        def step(self, step_s: list[float]) -> None:
             self.step_s = step_s
 
         def done(self, t: float) -> None:
             self.end = t
 
-        def get(self) -> tuple[float | None, float | None, float | None]:
+        def get(self) -> tuple[float | None, float | None, list[float] | None]:
             return self.t, self.end, self.step_s
 
     return _Stamp
@@ -256,11 +271,11 @@ def probe_trainer_startup(
     *,
     backend: str | None = None,
     side_by_side: int = 1,
-    calibrate: Calibration | None = None,
+    calibrate: Calibration | Sequence[Calibration] | None = None,
 ) -> TrainerStartup:
     """Start ``side_by_side`` TorchTrainers of ``gpus`` workers (``nodes`` nodes) at once, each in a
-    thread as the launcher does, whose loops return at once (after training ``calibrate``'s steps,
-    if given); time them (the mean over them)."""
+    thread as the launcher does, whose loops return at once (after training each of ``calibrate``'s
+    configurations, if given); time them (the mean over them)."""
     import threading
 
     import ray
@@ -269,6 +284,7 @@ def probe_trainer_startup(
 
     if side_by_side < 1:
         raise ValueError(f"side_by_side is {side_by_side}; give at least 1")
+    cals = [calibrate] if isinstance(calibrate, Calibration) else list(calibrate or [])
     if backend is None:
         backend = _cluster_backend()
     stamps = [_stamp_cls().remote() for _ in range(side_by_side)]
@@ -289,7 +305,7 @@ def probe_trainer_startup(
         trainers = [
             TorchTrainer(
                 _probe_loop,
-                train_loop_config={"stamp": stamps[i], "calibrate": calibrate},
+                train_loop_config={"stamp": stamps[i], "calibrate": cals},
                 torch_config=TorchConfig(backend=backend),
                 scaling_config=ScalingConfig(
                     num_workers=gpus,
@@ -321,18 +337,32 @@ def probe_trainer_startup(
         raise RuntimeError(f"a start-up probe on {gpus} GPU(s) never reached its loop")
     starts = [max(0.0, f[0] - t[0]) for f, t in zip(firsts, times, strict=True)]
     stops = [max(0.0, t[1] - f[1]) for f, t in zip(firsts, times, strict=True)]
-    factor = 1.0
-    if calibrate is not None:
-        steps = [f[2] for f in firsts if f[2] is not None]
-        if len(steps) != len(firsts) or not calibrate.trial_step_s > 0:
+    factors: dict[str, float] = {}
+    if cals:
+        timed = [f[2] for f in firsts if f[2] is not None and len(f[2]) == len(cals)]
+        if len(timed) != len(firsts) or not all(c.trial_step_s > 0 for c in cals):
             raise RuntimeError(f"the start-up probe on {gpus} GPU(s) did not time its calibration steps")
-        factor = (sum(steps) / len(steps)) / calibrate.trial_step_s
+        for i, cal in enumerate(cals):
+            factors[cal.signature] = (sum(t[i] for t in timed) / len(timed)) / cal.trial_step_s
     out = TrainerStartup(
-        gpus, nodes, sum(starts) / len(starts), sum(stops) / len(stops), side_by_side, max(starts), factor
+        gpus, nodes, sum(starts) / len(starts), sum(stops) / len(stops), side_by_side, max(starts),
+        median_factor(factors.values()), factors,
     )
     log.info(
         "trainer start-up on %d GPU(s), %d side by side: %.1f s to the loop (slowest %.1f s), %.1f s to stop; "
-        "steps %.2fx the trial's",
-        gpus, side_by_side, out.start_s, out.slowest_s, out.stop_s, out.step_factor,
+        "steps %s x the trial's",
+        gpus, side_by_side, out.start_s, out.slowest_s, out.stop_s,
+        ", ".join(f"{v:.2f}" for v in factors.values()) or "1.00",
     )
     return out
+
+
+def median_factor(factors: Any) -> float:
+    """The median of step factors (the upper middle of an even count), 1.0 of none.
+
+    Example:
+        >>> median_factor([1.2, 1.0, 1.5]), median_factor([])
+        (1.2, 1.0)
+    """
+    values = sorted(float(v) for v in factors)
+    return values[len(values) // 2] if values else 1.0

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import pyarrow as pa
@@ -79,12 +80,15 @@ _OPTIONAL = ("setup_s", "checkpoint_save_s", "checkpoint_load_s", "data_s")
 
 @dataclass(frozen=True)
 class StoredStartup:
-    """A kept trainer start-up probe: ``fit()`` to the loop and loop to return (s), and the step
-    factor of its calibration (``None``: probed before probes calibrated step times)."""
+    """A kept trainer start-up probe: ``fit()`` to the loop and loop to return (s), the step
+    factor of its calibrations (their median; ``None``: probed before probes calibrated step
+    times), and ``step_factors``, the factor per calibrated task signature (empty: probed before
+    probes calibrated each signature)."""
 
     start_s: float
     stop_s: float
     step_factor: float | None = None
+    step_factors: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -136,8 +140,9 @@ class ProfileStore:
                 for r in json.loads(spath.read_text()):
                     key = (str(r["hardware"]), int(r["gpus"]), int(r["nodes"]), int(r.get("side_by_side", 1)))
                     factor = r.get("step_factor")
+                    per_sig = {str(k): float(v) for k, v in dict(r.get("step_factors") or {}).items()}
                     self._startup[key] = StoredStartup(
-                        float(r["start_s"]), float(r["stop_s"]), None if factor is None else float(factor)
+                        float(r["start_s"]), float(r["stop_s"]), None if factor is None else float(factor), per_sig
                     )
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 raise ProfileError(f"{spath}: not a readable start-up store ({exc}); delete it") from None
@@ -181,9 +186,11 @@ class ProfileStore:
         stop_s: float,
         side_by_side: int = 1,
         step_factor: float | None = None,
+        step_factors: Mapping[str, float] | None = None,
     ) -> None:
         self._startup[(hardware, gpus, nodes, side_by_side)] = StoredStartup(
-            float(start_s), float(stop_s), None if step_factor is None else float(step_factor)
+            float(start_s), float(stop_s), None if step_factor is None else float(step_factor),
+            {str(k): float(v) for k, v in (step_factors or {}).items()},
         )
 
     def get(self, signature: str, strategy: str, gpus: int, nodes: int) -> StoredTrial | None:
@@ -209,7 +216,7 @@ class ProfileStore:
         if self._startup and self.startup_path is not None:
             rows = [
                 {"hardware": h, "gpus": g, "nodes": n, "side_by_side": k, "start_s": p.start_s, "stop_s": p.stop_s,
-                 "step_factor": p.step_factor}
+                 "step_factor": p.step_factor, "step_factors": dict(sorted(p.step_factors.items()))}
                 for (h, g, n, k), p in sorted(self._startup.items())
             ]
             tmp = self.startup_path.with_name(self.startup_path.name + ".tmp")
