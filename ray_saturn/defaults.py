@@ -11,6 +11,9 @@
   (:class:`~ray_saturn.sim.SimConfig`, ``ray-saturn simulate``).
 - :data:`PLAN_POLICY`, :data:`PLAN_TIME_LIMIT_S`: the solver policy and its
   time limit for one plan (:func:`ray_saturn.solver.solve`, ``ray-saturn plan``).
+- :data:`RUN_SOLVER_GAP`: a run's (re-)plans stop searching once within this
+  fraction of the lower bound (the driver's solver shares the CPU with the
+  training; ``ray-saturn plan`` and the simulator search their whole limit).
 - :data:`DRIFT_REPLAN_GAP_FRACTION`: a run re-plans for drift (a task off its
   estimate, idle GPUs) at most once per this fraction of its first plan's
   makespan; finishes, failures, arrivals and node changes re-plan at once.
@@ -45,6 +48,7 @@ __all__ = [
     "PROFILE_TRIAL_TIMEOUT_S",
     "PROFILE_WARMUP_STEPS",
     "RESTART_S",
+    "RUN_SOLVER_GAP",
     "SIMULATE_SOLVER_TIME_LIMIT_S",
     "SOLVER_TIME_LIMIT_S",
 ]
@@ -62,5 +66,6 @@ PROFILE_TIMED_STEPS = 5
 PROFILE_MIN_MEASURE_S = 0.5
 PROFILE_TRIAL_TIMEOUT_S = 600.0
 DRIFT_REPLAN_GAP_FRACTION = 0.05
+RUN_SOLVER_GAP = 0.01
 LEASE_HEARTBEAT_S = 5.0
 LEASE_STALE_S = 60.0

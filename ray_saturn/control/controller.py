@@ -145,6 +145,10 @@ class Controller:
             (Ray Tune, where a move is a pause and a resize) pins every task a
             plan would move without resizing it and solves again, so every
             move changes a task's GPU count.
+        solver_gap: each plan's search stops once its makespan is within this
+            fraction of the lower bound (solver policies with a ``gap`` option;
+            0: the whole time limit). A real run's driver sets it: its solver
+            shares the CPU with the training it plans.
     """
 
     def __init__(
@@ -170,7 +174,10 @@ class Controller:
         failed: Mapping[str, str] | None = None,
         objective: str = "makespan",
         relocations: bool = True,
+        solver_gap: float = 0.0,
     ) -> None:
+        if not 0 <= solver_gap < 1:
+            raise SaturnError(f"solver gap is {solver_gap}; give a fraction in [0, 1), e.g. 0.01")
         if restart_s < 0 or not math.isfinite(restart_s):
             raise SaturnError(f"restart cost is {restart_s} s; give a finite number >= 0")
         if solver_time_limit_s <= 0:
@@ -205,10 +212,11 @@ class Controller:
         self.objective = parse_objective(objective)
         self.relocations = bool(relocations)
         self._deterministic = deterministic
+        self._solver_gap = float(solver_gap)
         self._solver_policy = self.policy.solver_policy
-        if deterministic or self.objective != "makespan":
+        if deterministic or self.objective != "makespan" or solver_gap:
             self._solver_policy = solver_policy(
-                self.policy.solver_policy, objective=self.objective, deterministic=deterministic
+                self.policy.solver_policy, objective=self.objective, deterministic=deterministic, gap=solver_gap
             )
         self._weights = dict(zip(profile.tasks, task_weights(profile, profile.tasks), strict=True))
         self.nodes: dict[str, NodeSpec] = {n.name: n for n in cluster.nodes}
@@ -624,7 +632,7 @@ class Controller:
         if self.objective == "online":  # priced by the present arrival rate (0 once arrivals stop)
             self._solver_policy = solver_policy(
                 self.policy.solver_policy, objective=self.objective, deterministic=self._deterministic,
-                area_weight=area_weight,
+                area_weight=area_weight, gap=self._solver_gap,
             )
         plan = self._call_solver(inp, limit)
         if moves_ok and running and not self.relocations:

@@ -47,6 +47,9 @@ class DriverConfig:
     ``drift_replan_gap_fraction`` (of the first plan's makespan) the least
     between a re-plan and one that only drift asked for (a task off its
     estimate, idle GPUs); see :class:`~ray_saturn.control.Controller`.
+    ``solver_gap``: each (re-)plan's search stops once its makespan is within
+    this fraction of the lower bound (the driver's solver shares the CPU with
+    the training it plans; 0: every plan searches its whole time limit).
 
     Example:
         >>> DriverConfig(policy="saturn-static").policy
@@ -71,6 +74,7 @@ class DriverConfig:
     seed: int = 0
     #: What plans optimise: makespan, completion or online (ray_saturn.solver.objective).
     objective: str = "makespan"
+    solver_gap: float = defaults.RUN_SOLVER_GAP
 
     def __post_init__(self) -> None:
         from ray_saturn.solver.objective import parse_objective
@@ -81,6 +85,8 @@ class DriverConfig:
         for name in ("restart_s", "min_replan_gap_s", "drift_replan_gap_s", "drift_replan_gap_fraction",
                      "node_check_wall_s", "persist_wall_s"):
             number(getattr(self, name), f"DriverConfig.{name}", low=0, error=SaturnError)
+        number(self.solver_gap, "DriverConfig.solver_gap (a fraction of the lower bound)", low=0, high=0.5,
+               error=SaturnError)
         whole(self.min_reports, "DriverConfig.min_reports", low=1, error=SaturnError)
         whole(self.max_failures, "DriverConfig.max_failures", low=0, error=SaturnError)
         whole(self.seed, "DriverConfig.seed", low=0, high=MAX_SEED, error=SaturnError)

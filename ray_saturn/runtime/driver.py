@@ -269,6 +269,7 @@ class Driver:
             steps_done=steps_done,
             failed=failed,
             objective=self.config.objective,
+            solver_gap=self.config.solver_gap,
         )
         for t, rec in self.records.items():
             rec.progress = self.controller.state(t)  # one task state: the controller's

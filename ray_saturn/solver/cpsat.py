@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from ray_saturn.solver.listsched import list_schedule
 from ray_saturn.solver.problem import Problem, Schedule
 
-__all__ = ["RESOLUTION", "SAFETY_FACTOR", "CpSatResult", "solve_cpsat", "time_unit"]
+__all__ = ["RESOLUTION", "SAFETY_FACTOR", "CpSatResult", "new_solver", "solve_cpsat", "solve_until", "time_unit"]
 
 logger = logging.getLogger(__name__)
 
@@ -114,8 +114,11 @@ def solve_cpsat(
     on_schedule: Callable[[Schedule], None] | None = None,
     deterministic: bool = False,
     resolution: int = RESOLUTION,
+    gap: float = 0.0,
+    stop_at_s: float | None = None,
 ) -> CpSatResult | None:
-    """Solve the SPASE model (see the module docstring), warm-started with ``choice`` in ``order``.
+    """Solve the SPASE model (see the module docstring), warm-started with ``choice`` in ``order``;
+    stop at a relative ``gap`` to CP-SAT's own bound, or at a schedule of makespan <= ``stop_at_s``.
 
     ``horizon_s`` (the makespan of a known schedule, in seconds) sets the time
     unit, ``horizon_s / resolution``, or one second when every time is a whole
@@ -200,17 +203,7 @@ def solve_cpsat(
                     m.AddHint(y, o == c and n in hint.nodes[t])
     m.AddHint(C, horizon)
 
-    solver = cp_model.CpSolver()
-    p = solver.parameters
-    p.random_seed = seed
-    if deterministic:
-        p.max_deterministic_time = max(0.05, time_limit_s)
-        p.max_time_in_seconds = max(10.0, SAFETY_FACTOR * time_limit_s)  # a safety net only
-        p.num_workers = 1
-    else:
-        p.max_time_in_seconds = max(0.05, time_limit_s)
-        p.num_workers = 2 if time_limit_s >= 1 else 1
-    p.log_search_progress = False
+    solver = new_solver(time_limit_s, seed=seed, deterministic=deterministic, gap=gap)
 
     def extract() -> Schedule:
         option, start, nodes = [], [], []
@@ -221,7 +214,7 @@ def solve_cpsat(
             nodes.append(tuple(sorted(n for n, y in ys[t][o].items() if solver.Value(y))))
         return problem.schedule(option, start, nodes)
 
-    status = solver.Solve(m)
+    status = solve_until(solver, m, None if stop_at_s is None else stop_at_s / unit)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         logger.info("CP-SAT found no schedule in %.1f s (status %s)", time_limit_s, solver.StatusName(status))
         return None
@@ -230,5 +223,43 @@ def solve_cpsat(
         on_schedule(sched)
     lb_units = solver.BestObjectiveBound()
     proven = lb_units * unit if exact else (lb_units - problem.num_tasks - 1) * unit
-    optimal = status == cp_model.OPTIMAL and exact
+    # With a gap, CP-SAT reports OPTIMAL once within it: optimal only where the bound is met.
+    optimal = status == cp_model.OPTIMAL and exact and solver.ObjectiveValue() <= lb_units + 1e-9
     return CpSatResult(sched, max(0.0, proven), optimal, unit, not exact)
+
+
+def new_solver(time_limit_s: float, *, seed: int, deterministic: bool, gap: float = 0.0):
+    """A CP-SAT solver for ``time_limit_s``: in deterministic mode counted in deterministic time on
+    one worker (the wall clock a safety net only), else wall seconds on up to 2 workers; it stops
+    at a relative ``gap`` to its own bound."""
+    from ortools.sat.python import cp_model
+
+    solver = cp_model.CpSolver()
+    p = solver.parameters
+    p.random_seed = seed
+    if deterministic:
+        p.max_deterministic_time = max(0.05, time_limit_s)
+        p.max_time_in_seconds = max(10.0, SAFETY_FACTOR * time_limit_s)  # a safety net only
+        p.num_workers = 1
+    else:
+        p.max_time_in_seconds = max(0.05, time_limit_s)
+        p.num_workers = 2 if time_limit_s >= 1 else 1
+    if gap > 0:
+        p.relative_gap_limit = float(gap)
+    p.log_search_progress = False
+    return solver
+
+
+def solve_until(solver, model, stop_at: float | None):
+    """``solver.Solve(model)``, stopped at the first solution of objective <= ``stop_at`` (model
+    units; ``None``: not stopped early)."""
+    if stop_at is None:
+        return solver.Solve(model)
+    from ortools.sat.python import cp_model
+
+    class _Stop(cp_model.CpSolverSolutionCallback):
+        def on_solution_callback(self) -> None:
+            if self.ObjectiveValue() <= stop_at + 1e-9:
+                self.StopSearch()
+
+    return solver.Solve(model, _Stop())

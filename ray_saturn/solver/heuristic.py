@@ -99,8 +99,10 @@ def heuristic_schedule(
     on_schedule: Callable[[Schedule], None] | None = None,
     max_evaluations: int | None = None,
     candidates: Sequence[Schedule] = (),
+    gap: float = 0.0,
 ) -> HeuristicResult:
-    """Best schedule from the allotment sweep, then local search until ``time_limit_s``.
+    """Best schedule from the allotment sweep, then local search until ``time_limit_s``, or until
+    a schedule is within ``gap`` (a fraction) of the lower bound.
 
     The local search also stops after ``max_evaluations`` decodings (when
     given: then the result depends only on the seed, not on the machine's
@@ -110,6 +112,7 @@ def heuristic_schedule(
     """
     t0 = time.perf_counter()
     deadline = t0 + max(0.0, time_limit_s)
+    target = bound.value * (1 + max(gap, 1e-9))
     rng = random.Random(seed)
     best: HeuristicResult | None = None
     evaluated = 0
@@ -140,6 +143,8 @@ def heuristic_schedule(
                 on_schedule(cand)
     lp_start: HeuristicResult | None = None
     for i, choice in enumerate(_allotments(problem, bound)):
+        if gap > 0 and best is not None and best.schedule.makespan <= target:
+            break  # good enough: the caller asked for no more than ``gap`` over the bound
         for order in _orders(problem, choice):
             consider(choice, order)
             if i == 0 and bound.lp_mix is not None:
@@ -157,12 +162,12 @@ def heuristic_schedule(
     starts = [s for s in (lp_start, best) if s is not None]
     for i, start in enumerate(starts):
         now = time.perf_counter()
-        if (max_evaluations is None and now >= deadline) or best.schedule.makespan <= bound.value * (1 + 1e-9):
+        if (max_evaluations is None and now >= deadline) or best.schedule.makespan <= target:
             break
         # With an evaluation budget the deadline is only a safety net, shared rather than sliced.
         slice_end = deadline if max_evaluations is not None else now + (deadline - now) / (len(starts) - i)
         budget = None if max_evaluations is None else max(1, (max_evaluations - evaluated) // (len(starts) - i))
-        found = _local_search(problem, bound, start, slice_end, rng, None, budget)
+        found = _local_search(problem, target, start, slice_end, rng, None, budget)
         evaluated += found.evaluated
         if found.schedule.makespan < best.schedule.makespan - 1e-9:
             best = found
@@ -194,7 +199,9 @@ def _justify(problem: Problem, sched: Schedule) -> Schedule:
     return serial_schedule(problem, sched.option, fwd_order), fwd_order  # type: ignore[return-value]
 
 
-def _local_search(problem, bound, start: HeuristicResult, deadline, rng, on_schedule, budget=None) -> HeuristicResult:
+def _local_search(problem, target, start: HeuristicResult, deadline, rng, on_schedule, budget=None) -> HeuristicResult:
+    """Simulated annealing over (allotment, order) from ``start`` until ``deadline``, ``budget``
+    decodings, a stall, or a makespan <= ``target`` (s)."""
     n = problem.num_tasks
     pinned = _pinned(problem)
     movable = [t for t in range(n) if pinned[t] is None]
@@ -270,7 +277,7 @@ def _local_search(problem, bound, start: HeuristicResult, deadline, rng, on_sche
                 since_best = 0
                 if improved and on_schedule:
                     on_schedule(cand)
-                if k[0] <= bound.value * (1 + 1e-9):
+                if k[0] <= target:
                     break
                 continue
         since_best += 1

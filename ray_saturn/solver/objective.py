@@ -153,9 +153,13 @@ def objective_gain(
     return total(keep) - total(move)
 
 
-def solver_policy(name: str, *, objective: str = "makespan", deterministic: bool = False, area_weight: float = 0.0):
+def solver_policy(
+    name: str, *, objective: str = "makespan", deterministic: bool = False, area_weight: float = 0.0,
+    gap: float = 0.0,
+):
     """The solver policy ``name`` set for ``objective`` (policies with an ``objective`` option,
-    i.e. ``saturn``; the baselines follow fixed rules whatever the objective) and, if asked, in its
+    i.e. ``saturn``; the baselines follow fixed rules whatever the objective), with the search's
+    ``gap`` to the lower bound (policies with a ``gap`` option) and, if asked, in its
     deterministic mode."""
     import dataclasses
 
@@ -163,7 +167,14 @@ def solver_policy(name: str, *, objective: str = "makespan", deterministic: bool
 
     pol = deterministic_policy(name) if deterministic else get_policy(name)
     objective = parse_objective(objective)
-    if objective != "makespan" and "objective" in {f.name for f in dataclasses.fields(pol.options)}:
-        extra = {"area_weight": float(area_weight)} if area_weight else {}
-        pol = get_policy(name, **{**dataclasses.asdict(pol.options), "objective": objective, **extra})
+    fields = {f.name for f in dataclasses.fields(pol.options)}
+    extra: dict = {}
+    if objective != "makespan" and "objective" in fields:
+        extra["objective"] = objective
+        if area_weight:
+            extra["area_weight"] = float(area_weight)
+    if gap and "gap" in fields:
+        extra["gap"] = float(gap)
+    if extra:
+        pol = get_policy(name, **{**dataclasses.asdict(pol.options), **extra})
     return pol

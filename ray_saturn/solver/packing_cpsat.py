@@ -36,7 +36,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 
-from ray_saturn.solver.cpsat import RESOLUTION, SAFETY_FACTOR, CpSatResult, time_unit
+from ray_saturn.solver.cpsat import RESOLUTION, CpSatResult, new_solver, solve_until, time_unit
 from ray_saturn.solver.packing import UNITS, devices_per_node, pack_schedule, units
 from ray_saturn.solver.problem import Problem, Schedule
 
@@ -69,8 +69,11 @@ def solve_packing_cpsat(
     on_schedule: Callable[[Schedule], None] | None = None,
     deterministic: bool = False,
     resolution: int = RESOLUTION,
+    gap: float = 0.0,
+    stop_at_s: float | None = None,
 ) -> CpSatResult | None:
-    """Solve the device-level model (see the module docstring), warm-started with ``choice`` in ``order``.
+    """Solve the device-level model (see the module docstring), warm-started with ``choice`` in ``order``
+    (``gap``, ``stop_at_s``: as :func:`~ray_saturn.solver.cpsat.solve_cpsat`).
 
     Returns ``None`` when CP-SAT finds no schedule within the limit.
     """
@@ -157,17 +160,8 @@ def solve_packing_cpsat(
                 m.AddHint(z, o == c and key in used)
     m.AddHint(C, horizon)
 
-    solver = cp_model.CpSolver()
-    p = solver.parameters
-    p.random_seed = seed
-    if deterministic:
-        p.max_deterministic_time = max(0.05, time_limit_s)
-        p.max_time_in_seconds = max(10.0, SAFETY_FACTOR * time_limit_s)
-        p.num_workers = 1
-    else:
-        p.max_time_in_seconds = max(0.05, time_limit_s)
-        p.num_workers = 2 if time_limit_s >= 1 else 1
-    status = solver.Solve(m)
+    solver = new_solver(time_limit_s, seed=seed, deterministic=deterministic, gap=gap)
+    status = solve_until(solver, m, None if stop_at_s is None else stop_at_s / unit)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         logger.info("packing CP-SAT found no schedule in %.1f s (status %s)", time_limit_s, solver.StatusName(status))
         return None
@@ -188,5 +182,6 @@ def solve_packing_cpsat(
         on_schedule(sched)
     lb_units = solver.BestObjectiveBound()
     proven = lb_units * unit if exact else (lb_units - problem.num_tasks - 1) * unit
-    optimal = status == cp_model.OPTIMAL and exact
+    # With a gap, CP-SAT reports OPTIMAL once within it: optimal only where the bound is met.
+    optimal = status == cp_model.OPTIMAL and exact and solver.ObjectiveValue() <= lb_units + 1e-9
     return CpSatResult(sched, max(0.0, proven), optimal, unit, not exact)

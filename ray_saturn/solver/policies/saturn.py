@@ -42,6 +42,10 @@ class SaturnOptions:
 
     deterministic: bool = False
     objective: str = "makespan"
+    #: ``makespan``: stop searching once the plan is within this fraction of the lower bound (0:
+    #: search the whole time limit unless the bound itself is met). A run's driver sets it
+    #: (``DriverConfig.solver_gap``): its re-plans share the CPU with the training they plan.
+    gap: float = 0.0
     #: ``online``/``completion``: task-seconds charged per GPU-second a plan uses, the wait it causes
     #: jobs expected to arrive (the controller sets it from the recent arrival rate); 0 by default.
     area_weight: float = 0.0
@@ -50,6 +54,8 @@ class SaturnOptions:
         object.__setattr__(self, "objective", parse_objective(self.objective))
         if not self.area_weight >= 0:
             raise SpecError(f"area_weight is {self.area_weight}; give a number >= 0")
+        if not 0 <= self.gap < 1:
+            raise SpecError(f"gap is {self.gap}; give a fraction in [0, 1), e.g. 0.01 for 1% over the bound")
 
 
 @register_policy
@@ -82,6 +88,8 @@ class SaturnPolicy(Policy):
             return self._solve_completion(problem, bound, time_limit_s=time_limit_s, seed=seed,
                                           on_schedule=on_schedule)
         t0 = time.perf_counter()
+        gap = self.options.gap
+        target = bound.value * (1 + max(gap, 1e-9))
 
         def seen(s: Schedule) -> None:
             if on_schedule:
@@ -106,8 +114,8 @@ class SaturnPolicy(Policy):
         if not exact and not problem.packing:  # too big for the exact model: start from a decomposition
             pop = decomposed_start(problem, bound, self.solve_part, time_limit_s=time_limit_s, seed=seed,
                                    deterministic=self.deterministic, on_schedule=seen)
-            if pop is not None and pop.makespan <= bound.value * (1 + 1e-9):
-                return PolicyResult(pop, bound.value, True)
+            if pop is not None and pop.makespan <= target:
+                return self._result(pop, bound.value)
             share = max(0.0, time_limit_s - (time.perf_counter() - t0)) if pop is not None else share
         heur = heuristic_schedule(
             problem,
@@ -117,10 +125,11 @@ class SaturnPolicy(Policy):
             on_schedule=seen,
             max_evaluations=int(EVALS_PER_SECOND * share) if self.deterministic else None,
             candidates=baselines,
+            gap=gap,
         )
         best = heur.schedule if pop is None or heur.schedule.makespan <= pop.makespan else pop
-        if best.makespan <= bound.value * (1 + 1e-9):
-            return PolicyResult(best, bound.value, True)
+        if best.makespan <= target:
+            return self._result(best, bound.value)
         remaining = time_limit_s - (time.perf_counter() - t0)
         if not exact:
             logger.info("exact model skipped: %d node intervals > %d", n_intervals, MAX_INTERVALS)
@@ -130,7 +139,8 @@ class SaturnPolicy(Policy):
         budget = time_limit_s - share if self.deterministic else remaining
         exact_model = solve_packing_cpsat if problem.packing else solve_cpsat
         result = exact_model(problem, heur.choice, heur.order, horizon_s=best.makespan, time_limit_s=budget,
-                             seed=seed, on_schedule=seen, deterministic=self.deterministic)
+                             seed=seed, on_schedule=seen, deterministic=self.deterministic, gap=gap,
+                             stop_at_s=target if gap > 0 else None)
         if result is None:
             return PolicyResult(best)
         optimal = result.optimal
@@ -139,6 +149,11 @@ class SaturnPolicy(Policy):
         else:
             optimal = optimal and abs(result.schedule.makespan - best.makespan) < 1e-9
         return PolicyResult(best, result.proven_bound_s, optimal)
+
+    @staticmethod
+    def _result(schedule: Schedule, bound_s: float) -> PolicyResult:
+        """A schedule the search stopped at, within the gap of ``bound_s``: optimal if it meets it."""
+        return PolicyResult(schedule, bound_s, schedule.makespan <= bound_s * (1 + 1e-9))
 
     def _solve_completion(self, problem, bound, *, time_limit_s, seed, on_schedule):
         """``completion`` / ``online``: :func:`~ray_saturn.solver.completion.completion_search`, with the
