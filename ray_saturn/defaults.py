@@ -25,6 +25,11 @@
 - :data:`LEASE_HEARTBEAT_S`: seconds between heartbeats of a run folder's lock.
 - :data:`LEASE_STALE_S`: a lock not renewed for this long belongs to a dead run
   (on the owner's own machine a dead owner is recognised at once by its process).
+- :data:`TRAIN_POLL_S`: seconds between a segment's Ray Train controller's polls
+  of its workers (Ray's default is 2 s, so a finished segment's GPUs came back
+  about 2 s late; measured 3.0 s from the loop's end to ``fit()`` returning
+  against 1.0 s at 0.25 s). Set ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` to keep
+  your own; :func:`quick_train_polls` applies it.
 
 Example:
     >>> from ray_saturn import defaults
@@ -33,6 +38,8 @@ Example:
 """
 
 from __future__ import annotations
+
+import os
 
 __all__ = [
     "CHECKPOINT_INTERVAL_S",
@@ -51,6 +58,8 @@ __all__ = [
     "RUN_SOLVER_GAP",
     "SIMULATE_SOLVER_TIME_LIMIT_S",
     "SOLVER_TIME_LIMIT_S",
+    "TRAIN_POLL_S",
+    "quick_train_polls",
 ]
 
 POLICY = "saturn-replan"
@@ -69,3 +78,13 @@ DRIFT_REPLAN_GAP_FRACTION = 0.05
 RUN_SOLVER_GAP = 0.01
 LEASE_HEARTBEAT_S = 5.0
 LEASE_STALE_S = 60.0
+TRAIN_POLL_S = 0.5
+
+#: Ray Train V2's variable for its controller's poll interval (propagated to the controller it starts).
+_TRAIN_POLL_VAR = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+
+
+def quick_train_polls() -> None:
+    """Have the TorchTrainers this process starts poll their workers every :data:`TRAIN_POLL_S`
+    unless the user set ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` (call before ``fit()``)."""
+    os.environ.setdefault(_TRAIN_POLL_VAR, str(TRAIN_POLL_S))

@@ -23,3 +23,18 @@ def test_local_ray_workers_are_not_niced():
         # Ray's default is 15: next to background work niced to 19, training would lose a third of its core.
         assert ray.get(niceness.remote()) == os.nice(0)
     assert WORKER_NICENESS not in os.environ
+
+
+def test_segments_poll_their_workers_quickly_unless_the_user_chose(monkeypatch):
+    from ray_saturn import defaults
+
+    monkeypatch.delenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", raising=False)
+    defaults.quick_train_polls()
+    assert float(os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"]) == defaults.TRAIN_POLL_S < 2.0
+    # Ray Train V2 propagates the variable to the controller it starts, and so to its poll loop.
+    from ray.train.v2._internal.constants import get_env_vars_to_propagate
+
+    assert get_env_vars_to_propagate()["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == str(defaults.TRAIN_POLL_S)
+    monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "3")
+    defaults.quick_train_polls()
+    assert os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "3"

@@ -59,6 +59,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ray_saturn.defaults import quick_train_polls
+
 __all__ = [
     "Calibration", "SegmentCosts", "TrainerStartup", "measure_segment_costs", "median_factor", "probe_trainer_startup",
 ]
@@ -287,6 +289,7 @@ def probe_trainer_startup(
     cals = [calibrate] if isinstance(calibrate, Calibration) else list(calibrate or [])
     if backend is None:
         backend = _cluster_backend()
+    quick_train_polls()  # as the launcher's segments do: their stop time is what the probe measures
     stamps = [_stamp_cls().remote() for _ in range(side_by_side)]
     folder = tempfile.mkdtemp(prefix="saturn-probe-")
     times: list[tuple[float, float] | None] = [None] * side_by_side

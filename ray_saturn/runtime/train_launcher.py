@@ -47,6 +47,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ray_saturn.defaults import quick_train_polls
 from ray_saturn.errors import SaturnError
 from ray_saturn.runtime.launcher import (
     Exited,
@@ -164,6 +165,7 @@ class TrainLauncher(Launcher):
         from ray.train import FailureConfig, RunConfig
         from ray.train.torch import TorchConfig, TorchTrainer
 
+        quick_train_polls()
         try:
             trainer = TorchTrainer(
                 train_loop,
