@@ -31,8 +31,10 @@ __all__ = [
     "MAX_NOISE",
     "MAX_RUNTIME_S",
     "MAX_SEED",
+    "MAX_SOLVER_GAP",
     "MAX_STEPS",
     "number",
+    "solver_gap",
     "whole",
 ]
 
@@ -102,6 +104,22 @@ def number(
         rng = _range(low, high, low_open)
         raise error(f"{what} is {value!r}; give a finite number{' ' + rng if rng else ''}")
     return float(f)  # type: ignore[arg-type]
+
+
+#: The largest gap to the lower bound a solver may stop at (a fraction of the bound).
+MAX_SOLVER_GAP = 0.5
+
+
+def solver_gap(value: Any, what: str, *, error: type[SaturnError] = SpecError) -> float:
+    """A solver gap (stop once within this fraction of the lower bound): 0 to :data:`MAX_SOLVER_GAP`,
+    else ``error`` naming ``what``; the one check of every place a gap is given.
+
+    Example:
+        >>> solver_gap(0.01, "gap")
+        0.01
+    """
+    return number(value, f"{what} (a fraction of the lower bound, e.g. 0.01 for 1%)", low=0, high=MAX_SOLVER_GAP,
+                  error=error)
 
 
 def whole(

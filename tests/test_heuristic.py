@@ -104,7 +104,7 @@ def test_a_run_asks_its_solver_for_the_gap_and_refuses_one_out_of_range():
     ctl = Controller(prof, ClusterSpec.uniform(1, 1), "saturn-replan", solver_gap=0.02)
     assert ctl._solver_policy.options.gap == 0.02
     assert Controller(prof, ClusterSpec.uniform(1, 1), "saturn-replan")._solver_policy == "saturn"
-    with pytest.raises(SaturnError, match=r"solver_gap .* is 0.7; give a finite number from 0 to 0.5"):
+    with pytest.raises(SaturnError, match=r"DriverConfig.solver_gap .* is 0.7; give a finite number from 0 to 0.5"):
         DriverConfig(solver_gap=0.7)
-    with pytest.raises(SaturnError, match="solver gap is 1"):
+    with pytest.raises(SaturnError, match=r"solver gap .* is 1.0; give a finite number from 0 to 0.5"):
         Controller(prof, ClusterSpec.uniform(1, 1), "saturn-replan", solver_gap=1.0)

@@ -53,6 +53,7 @@ from ray_saturn.control.replan import (
 )
 from ray_saturn.control.state import RECENT_REPORTS, Placement, Segment, TaskProgress, TaskState
 from ray_saturn.errors import SaturnError
+from ray_saturn.limits import solver_gap as check_gap
 from ray_saturn.plan import Plan
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.solver.objective import (
@@ -176,8 +177,7 @@ class Controller:
         relocations: bool = True,
         solver_gap: float = 0.0,
     ) -> None:
-        if not 0 <= solver_gap < 1:
-            raise SaturnError(f"solver gap is {solver_gap}; give a fraction in [0, 1), e.g. 0.01")
+        check_gap(solver_gap, "solver gap", error=SaturnError)
         if restart_s < 0 or not math.isfinite(restart_s):
             raise SaturnError(f"restart cost is {restart_s} s; give a finite number >= 0")
         if solver_time_limit_s <= 0:

@@ -23,7 +23,7 @@ from typing import Any
 
 from ray_saturn import defaults
 from ray_saturn.errors import SaturnError
-from ray_saturn.limits import MAX_NOISE, MAX_SEED, number, whole
+from ray_saturn.limits import MAX_NOISE, MAX_SEED, number, solver_gap, whole
 from ray_saturn.spec import check_name
 
 __all__ = ["DriverConfig", "RunSettings", "check_policy", "emulation_config"]
@@ -85,8 +85,7 @@ class DriverConfig:
         for name in ("restart_s", "min_replan_gap_s", "drift_replan_gap_s", "drift_replan_gap_fraction",
                      "node_check_wall_s", "persist_wall_s"):
             number(getattr(self, name), f"DriverConfig.{name}", low=0, error=SaturnError)
-        number(self.solver_gap, "DriverConfig.solver_gap (a fraction of the lower bound)", low=0, high=0.5,
-               error=SaturnError)
+        solver_gap(self.solver_gap, "DriverConfig.solver_gap", error=SaturnError)
         whole(self.min_reports, "DriverConfig.min_reports", low=1, error=SaturnError)
         whole(self.max_failures, "DriverConfig.max_failures", low=0, error=SaturnError)
         whole(self.seed, "DriverConfig.seed", low=0, high=MAX_SEED, error=SaturnError)

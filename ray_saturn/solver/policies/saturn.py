@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 from ray_saturn.errors import SpecError
+from ray_saturn.limits import solver_gap
 from ray_saturn.solver.bounds import lower_bound
 from ray_saturn.solver.completion import completion_search
 from ray_saturn.solver.cpsat import SAFETY_FACTOR, solve_cpsat
@@ -54,8 +55,7 @@ class SaturnOptions:
         object.__setattr__(self, "objective", parse_objective(self.objective))
         if not self.area_weight >= 0:
             raise SpecError(f"area_weight is {self.area_weight}; give a number >= 0")
-        if not 0 <= self.gap < 1:
-            raise SpecError(f"gap is {self.gap}; give a fraction in [0, 1), e.g. 0.01 for 1% over the bound")
+        solver_gap(self.gap, "gap", error=SpecError)
 
 
 @register_policy
