@@ -161,3 +161,29 @@ def test_emulation_reports_contract_3(cluster, tmp_path):
     assert any(e["kind"] == "replan" and e["reasons"] for e in events)
     # Checkpoints went through the task folders of the run.
     assert list((tmp_path / "run" / "tasks").glob("*/emulated/step-*.json"))
+
+
+def test_the_launcher_learns_the_backend_before_the_clock_and_gives_up_while_every_gpu_is_held(cluster, tmp_path,
+                                                                                               monkeypatch):
+    from ray_saturn.runtime import train_launcher
+    from ray_saturn.runtime.storage import RunStorage
+
+    spec = ClusterSpec.from_ray()
+    monkeypatch.setattr(train_launcher, "PREPARE_PROBE_S", 2.0)
+    held = ray.util.placement_group([{"GPU": 2}, {"GPU": 2}], strategy="SPREAD")  # every GPU, by someone else
+    assert held.wait(60)
+    try:
+        busy = train_launcher.TrainLauncher(PlacementGroupManager(spec), RunStorage(tmp_path / "a"), {})
+        busy.prepare()
+        assert busy._backend is None  # the first launch asks inside its hold instead
+    finally:
+        ray.util.remove_placement_group(held)
+    free = train_launcher.TrainLauncher(PlacementGroupManager(spec), RunStorage(tmp_path / "b"), {})
+    free.prepare()
+    assert free._backend == "gloo"
+    # The probe that gave up left nothing pending: all four GPUs can be reserved again.
+    again = ray.util.placement_group([{"GPU": 2}, {"GPU": 2}], strategy="SPREAD")
+    try:
+        assert again.wait(60)
+    finally:
+        ray.util.remove_placement_group(again)
