@@ -178,6 +178,7 @@ def test_the_launcher_learns_the_backend_before_the_clock_and_gives_up_while_eve
         assert busy._backend is None  # the first launch asks inside its hold instead
     finally:
         ray.util.remove_placement_group(held)
+    monkeypatch.setattr(train_launcher, "PREPARE_PROBE_S", 120.0)  # a loaded CI machine starts a worker slowly
     free = train_launcher.TrainLauncher(PlacementGroupManager(spec), RunStorage(tmp_path / "b"), {})
     free.prepare()
     assert free._backend == "gloo"
