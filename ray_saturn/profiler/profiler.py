@@ -410,6 +410,7 @@ class Profiler:
         from ray_saturn.profiler.segment import median_factor, probe_trainer_startup
 
         out = {}
+        backend: str | None = None  # the first probe asks the cluster; the next ones reuse its answer
         for (g, n), cals in sorted(calibrations.items(), key=lambda kv: kv[0]):
             k = self.side_by_side(cluster, g, tasks)
             known = self.store.startup(hardware, g, n, k)
@@ -417,13 +418,14 @@ class Profiler:
             todo = [c for c in cals if c.signature not in kept]
             if known is None or known.step_factor is None or todo:
                 try:
-                    probe = probe_trainer_startup(g, n, side_by_side=k, calibrate=todo)
+                    probe = probe_trainer_startup(g, n, backend=backend, side_by_side=k, calibrate=todo)
                 except Exception as exc:
                     raise ProfileError(
                         f"the trainer start-up probe on {g} GPU(s) failed ({type(exc).__name__}: "
                         f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}); "
                         "profile with segment_costs=False to leave start-up out of the plan"
                     ) from None
+                backend = probe.backend or backend
                 kept.update({sig: _sane_factor(f, g, n) for sig, f in probe.step_factors.items()})
                 factor = median_factor(kept.values())
                 self.store.put_startup(hardware, g, n, probe.start_s, probe.stop_s, k, factor, kept)

@@ -18,8 +18,9 @@ can include them (profile columns ``startup_s``, ``checkpoint_save_s``,
 - :func:`probe_trainer_startup` starts ``side_by_side`` TorchTrainers of
   ``gpus`` workers each at the same moment, each ``fit()`` in a thread of
   its own as the run's launcher starts segments, whose loops return at
-  once, and measures ``fit()`` to the loop's first line (``start_s``: Ray
-  Train's controller, worker group, process start, imports, process group)
+  once, and measures ``fit()`` to the loop having made a segment's imports
+  (``start_s``: Ray Train's controller, worker group, process start,
+  process group, and the imports of torch and the strategies' worker)
   and the loop's end to ``fit()`` returning (``stop_s``), each the mean over
   the trainers. A run starts as many segments at once as the cluster holds
   (its first plan starts every GPU's task together), and on a small machine
@@ -62,7 +63,13 @@ from typing import Any
 from ray_saturn.defaults import quick_train_polls
 
 __all__ = [
-    "Calibration", "SegmentCosts", "TrainerStartup", "measure_segment_costs", "median_factor", "probe_trainer_startup",
+    "Calibration",
+    "SegmentCosts",
+    "TrainerStartup",
+    "cluster_backend",
+    "measure_segment_costs",
+    "median_factor",
+    "probe_trainer_startup",
 ]
 
 log = logging.getLogger(__name__)
@@ -117,6 +124,8 @@ class TrainerStartup:
     slowest_s: float = 0.0
     step_factor: float = 1.0
     step_factors: Mapping[str, float] = field(default_factory=dict)
+    #: The torch.distributed backend the trainers ran (the next probe need not ask the cluster again).
+    backend: str = ""
 
 
 def _max_over_workers(values: list[float], ctx: Any) -> list[float]:
@@ -207,6 +216,8 @@ def _probe_loop(config: dict[str, Any]) -> None:
     import ray.train
     import torch  # noqa: F401  (a real segment's loop imports it first)
 
+    from ray_saturn.strategies import train_worker  # noqa: F401  (as a segment's loop does, before its set-up)
+
     rank0 = ray.train.get_context().get_world_rank() == 0
     stamp = config["stamp"]
     if rank0:
@@ -254,7 +265,7 @@ def _stamp_cls():
     return _Stamp
 
 
-def _cluster_backend() -> str:
+def cluster_backend() -> str:
     """The torch.distributed backend of the cluster's GPU workers (asked on one of them)."""
     import ray
 
@@ -288,7 +299,7 @@ def probe_trainer_startup(
         raise ValueError(f"side_by_side is {side_by_side}; give at least 1")
     cals = [calibrate] if isinstance(calibrate, Calibration) else list(calibrate or [])
     if backend is None:
-        backend = _cluster_backend()
+        backend = cluster_backend()
     quick_train_polls()  # as the launcher's segments do: their stop time is what the probe measures
     stamps = [_stamp_cls().remote() for _ in range(side_by_side)]
     folder = tempfile.mkdtemp(prefix="saturn-probe-")
@@ -349,7 +360,7 @@ def probe_trainer_startup(
             factors[cal.signature] = (sum(t[i] for t in timed) / len(timed)) / cal.trial_step_s
     out = TrainerStartup(
         gpus, nodes, sum(starts) / len(starts), sum(stops) / len(stops), side_by_side, max(starts),
-        median_factor(factors.values()), factors,
+        median_factor(factors.values()), factors, backend,
     )
     log.info(
         "trainer start-up on %d GPU(s), %d side by side: %.1f s to the loop (slowest %.1f s), %.1f s to stop; "
