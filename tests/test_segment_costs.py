@@ -197,3 +197,22 @@ def test_profile_has_start_up_and_checkpoint_columns_probed_side_by_side(tmp_pat
         assert again.get("n", "single", 1).startup_s == pytest.approx(row.startup_s)
         assert again.get("n", "single", 1).step_time_s == pytest.approx(row.step_time_s)
         assert len(json.loads(Path(ProfileStore(store).startup_path).read_text())) == 1
+
+
+def test_the_start_up_probes_of_one_profile_ask_the_cluster_for_its_backend_once(tmp_path, monkeypatch):
+    """The first probe learns the backend (a new GPU worker); the next GPU counts' probes are given it."""
+    import ray_saturn.profiler.segment as segment
+
+    given = []
+
+    def fake_probe(gpus, nodes=1, *, side_by_side=1, calibrate=None, backend=None):
+        given.append(backend)
+        factors = {c.signature: 1.2 for c in calibrate}
+        return TrainerStartup(gpus, nodes, 5.0, 0.5, side_by_side, 6.0, 1.2, factors, backend or "gloo")
+
+    monkeypatch.setattr(segment, "probe_trainer_startup", fake_probe)
+    cluster = ClusterSpec.uniform(1, 2)
+    task = mlp_task("a")
+    cals = {(g, 1): [Calibration(task, "single" if g == 1 else "ddp", {}, 3, 0.01, "sa")] for g in (1, 2)}
+    got = Profiler(cluster, store=str(tmp_path / "store.parquet"))._trainer_startup("cpu", cals, cluster, 2)
+    assert set(got) == {(1, 1), (2, 1)} and given == [None, "gloo"]

@@ -63,13 +63,7 @@ from typing import Any
 from ray_saturn.defaults import quick_train_polls
 
 __all__ = [
-    "Calibration",
-    "SegmentCosts",
-    "TrainerStartup",
-    "cluster_backend",
-    "measure_segment_costs",
-    "median_factor",
-    "probe_trainer_startup",
+    "Calibration", "SegmentCosts", "TrainerStartup", "measure_segment_costs", "median_factor", "probe_trainer_startup",
 ]
 
 log = logging.getLogger(__name__)
@@ -265,19 +259,6 @@ def _stamp_cls():
     return _Stamp
 
 
-def cluster_backend() -> str:
-    """The torch.distributed backend of the cluster's GPU workers (asked on one of them)."""
-    import ray
-
-    @ray.remote(num_gpus=1, num_cpus=0)
-    def _backend() -> str:
-        from ray_saturn.strategies.device import distributed_backend
-
-        return distributed_backend()
-
-    return str(ray.get(_backend.remote()))
-
-
 def probe_trainer_startup(
     gpus: int,
     nodes: int = 1,
@@ -299,7 +280,9 @@ def probe_trainer_startup(
         raise ValueError(f"side_by_side is {side_by_side}; give at least 1")
     cals = [calibrate] if isinstance(calibrate, Calibration) else list(calibrate or [])
     if backend is None:
-        backend = cluster_backend()
+        from ray_saturn.strategies.device import backend_task
+
+        backend = str(ray.get(backend_task().remote()))
     quick_train_polls()  # as the launcher's segments do: their stop time is what the probe measures
     stamps = [_stamp_cls().remote() for _ in range(side_by_side)]
     folder = tempfile.mkdtemp(prefix="saturn-probe-")

@@ -140,10 +140,12 @@ class TrainLauncher(Launcher):
         import ray
         import ray.train.torch  # (the first fit() would import it)
 
+        from ray_saturn.strategies.device import backend_task
+
         quick_train_polls()
         if self._backend is not None:
             return
-        ref = _backend_task().remote()
+        ref = backend_task().remote()
         ready, _ = ray.wait([ref], timeout=PREPARE_PROBE_S)
         if ready:
             self._backend = ray.get(ref)
@@ -156,10 +158,12 @@ class TrainLauncher(Launcher):
         if self._backend is None:
             import ray
 
+            from ray_saturn.strategies.device import backend_task
+
             # Probe on one of the task's own GPUs, or its share of one (inside its hold): every other
             # GPU may be held.
-            probe = _backend_task().options(num_gpus=min(1.0, gpus),
-                                            scheduling_strategy=self.manager.bundle_strategy(task, 0))
+            probe = backend_task().options(num_gpus=min(1.0, gpus),
+                                           scheduling_strategy=self.manager.bundle_strategy(task, 0))
             self._backend = ray.get(probe.remote())
             logger.info("torch.distributed backend: %s", self._backend)
         return self._backend
@@ -248,19 +252,6 @@ class TrainLauncher(Launcher):
     def shutdown(self) -> None:
         for task in list(self._specs):
             self.stop(task)
-
-
-def _backend_task() -> Any:
-    """A remote task on one GPU that says its torch.distributed backend."""
-    import ray
-
-    @ray.remote(num_gpus=1, num_cpus=0)
-    def _backend() -> str:
-        from ray_saturn.strategies.device import distributed_backend
-
-        return distributed_backend()
-
-    return _backend
 
 
 def _one_line(text: str) -> str:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -42,6 +43,7 @@ from ray_saturn.errors import SaturnError
 __all__ = [
     "DeviceError",
     "RankDevice",
+    "backend_task",
     "cuda_available",
     "distributed_backend",
     "local_device_index",
@@ -80,6 +82,20 @@ def cuda_available() -> bool:
 def distributed_backend() -> str:
     """``nccl`` when this process has CUDA, else ``gloo``."""
     return BACKENDS["cuda" if cuda_available() else "cpu"]
+
+
+def backend_task() -> Any:
+    """A Ray remote function on one GPU (no CPU) that returns its worker's :func:`distributed_backend`
+    (``.options(num_gpus=...)`` for a share of one): how a driver learns the cluster's backend."""
+    import ray
+
+    @ray.remote(num_gpus=1, num_cpus=0)
+    def _backend() -> str:
+        from ray_saturn.strategies.device import distributed_backend
+
+        return distributed_backend()
+
+    return _backend
 
 
 def rank_device(local_index: int) -> RankDevice:
