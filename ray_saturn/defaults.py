@@ -30,6 +30,11 @@
   about 2 s late; measured 3.0 s from the loop's end to ``fit()`` returning
   against 1.0 s at 0.25 s). Set ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` to keep
   your own; :func:`quick_train_polls` applies it.
+- :data:`WORKER_LINGER_S`: wall seconds a finished segment's workers wait
+  for a next segment of the same shape before they end (the driver lets
+  them go sooner when its next launch pass has no use for them; see
+  :mod:`ray_saturn.runtime.train_launcher`). It exceeds a re-plan's time
+  limit, so a re-plan after a finish does not lose them.
 
 Example:
     >>> from ray_saturn import defaults
@@ -59,6 +64,7 @@ __all__ = [
     "SIMULATE_SOLVER_TIME_LIMIT_S",
     "SOLVER_TIME_LIMIT_S",
     "TRAIN_POLL_S",
+    "WORKER_LINGER_S",
     "quick_train_polls",
 ]
 
@@ -78,6 +84,7 @@ DRIFT_REPLAN_GAP_FRACTION = 0.05
 RUN_SOLVER_GAP = 0.01
 LEASE_HEARTBEAT_S = 5.0
 LEASE_STALE_S = 60.0
+WORKER_LINGER_S = 30.0
 TRAIN_POLL_S = 0.5
 
 #: Ray Train V2's variable for its controller's poll interval (propagated to the controller it starts).

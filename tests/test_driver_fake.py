@@ -226,3 +226,36 @@ def test_a_task_arriving_later_is_planned_when_it_arrives(tmp_path):
     assert all(r.steps_done == r.total_steps for r in result.tasks.values())
     events = RunStorage(tmp_path).read_jsonl(EVENTS_FILE)
     assert any(e["kind"] == "replan" and "t2 arrived" in e["reasons"] and e["time_s"] >= 50 for e in events)
+
+
+def _shapes_profile():
+    rows = [{"task": t, "strategy": "fsdp", "gpus": 2, "step_time_s": 1.0, "steps": 30, "startup_s": 20.0}
+            for t in ("a", "b")]
+    rows.append({"task": "c", "strategy": "single", "gpus": 1, "step_time_s": 1.0, "steps": 30, "startup_s": 20.0})
+    return ProfileTable.from_rows(rows)
+
+
+def test_a_finished_segments_workers_run_the_next_task_of_its_shape_without_a_new_start(tmp_path):
+    cluster = ClusterSpec.uniform(1, 2)
+    results = {}
+    for reuse in (False, True):
+        launcher = FakeLauncher(launch_latency_s=0.0, reuse_latency_s=0.5 if reuse else None)
+        d, mgr, _ = make(tmp_path / str(reuse), prof=_shapes_profile(), cluster=cluster, launcher=launcher,
+                         poll_wall_s=0.5)
+        results[reuse] = (d.run(max_steps=10_000), launcher, d)
+        assert results[reuse][0].state == "finished"
+        assert mgr.ledger.reservations() == []
+    plain, _, _ = results[False]
+    result, launcher, d = results[True]
+    # The two 2-GPU tasks run back to back: the second on the first one's parked workers.
+    assert len(launcher.reused) == 1 and launcher.reused[0] in ("a", "b")
+    events = RunStorage(tmp_path / "True").read_jsonl(EVENTS_FILE)
+    reused = [e["task"] for e in events if e["kind"] == "launch" and e.get("reused_workers")]
+    assert reused == launcher.reused
+    started = {e["task"]: e["launch_latency_s"] for e in events if e["kind"] == "started"}
+    assert started[launcher.reused[0]] < 1.0 and started["c"] >= 20.0
+    # Parked workers of no use to the next launch (c needs 1 GPU) are let go.
+    assert launcher.released >= 1
+    # A reused launch's short start is no evidence of what a move's new trainer costs.
+    assert len(d._latencies) == 2
+    assert result.realised_makespan_s <= plain.realised_makespan_s - 19.0

@@ -188,3 +188,32 @@ def test_the_launcher_learns_the_backend_before_the_clock_and_gives_up_while_eve
         assert again.wait(60)
     finally:
         ray.util.remove_placement_group(again)
+
+
+def test_the_board_hands_a_parked_group_to_one_claim_and_never_to_a_closed_one(cluster):
+    from ray_saturn.runtime.launcher import drain_board, new_board
+
+    board = new_board()
+    ray.get(board.park.remote("g", "a", 0, 1.0, 30))
+    ev = drain_board(board)
+    assert [(type(e).__name__, e.task, e.status, e.step) for e in ev] == [("Exited", "a", "finished", 30)]
+    assert ray.get(board.next_segment.remote("g", False)) == ("wait", None)
+    assert ray.get(board.claim.remote("g")) and not ray.get(board.claim.remote("g")), "one claim only"
+    assert ray.get(board.next_segment.remote("g", True)) == ("wait", None), "a claimed group waits past its linger"
+    assert ray.get(board.offer.remote("g", ["seg"]))
+    assert ray.get(board.decision.remote("g", 0)) == ("wait", None), "the other ranks follow rank 0"
+    assert ray.get(board.next_segment.remote("g", False)) == ("run", ["seg"])
+    assert ray.get(board.decision.remote("g", 0)) == ("run", ["seg"])
+    # Parked again; nobody claims it within its linger: it closes, and a late claim or offer loses.
+    ray.get(board.park.remote("g", "b", 0, 2.0, 30))
+    assert ray.get(board.next_segment.remote("g", True)) == ("end", None)
+    assert ray.get(board.decision.remote("g", 1)) == ("end", None)
+    assert not ray.get(board.claim.remote("g")) and not ray.get(board.offer.remote("g", ["late"]))
+    # A claim whose launch never comes: dismiss(force) ends it; a plain dismiss leaves a claimed group alone.
+    ray.get(board.park.remote("h", "c", 0, 3.0, 30))
+    assert ray.get(board.claim.remote("h"))
+    ray.get(board.dismiss.remote("h"))
+    assert ray.get(board.next_segment.remote("h", True)) == ("wait", None)
+    ray.get(board.dismiss.remote("h", True))
+    assert ray.get(board.next_segment.remote("h", False)) == ("end", None)
+    ray.kill(board)

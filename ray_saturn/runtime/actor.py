@@ -103,7 +103,8 @@ def _actor_cls():
             else:
                 if not tasks:
                     raise SaturnError("a training run needs its tasks")
-                launcher = TrainLauncher(manager, storage, tasks, report_interval_s=settings.report_interval_s)
+                launcher = TrainLauncher(manager, storage, tasks, report_interval_s=settings.report_interval_s,
+                                         reuse_workers=settings.driver.reuse_workers)
             info = dict(resume_info or {})
             self.driver = Driver(
                 profile,

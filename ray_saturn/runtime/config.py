@@ -50,6 +50,9 @@ class DriverConfig:
     ``solver_gap``: each (re-)plan's search stops once its makespan is within
     this fraction of the lower bound (the driver's solver shares the CPU with
     the training it plans; 0: every plan searches its whole time limit).
+    ``reuse_workers``: a finished segment's Ray Train workers run the next
+    task planned on exactly its GPUs instead of a new trainer starting (see
+    :mod:`ray_saturn.runtime.train_launcher`); ``False``: a trainer per segment.
 
     Example:
         >>> DriverConfig(policy="saturn-static").policy
@@ -75,6 +78,7 @@ class DriverConfig:
     #: What plans optimise: makespan, completion or online (ray_saturn.solver.objective).
     objective: str = "makespan"
     solver_gap: float = defaults.RUN_SOLVER_GAP
+    reuse_workers: bool = True
 
     def __post_init__(self) -> None:
         from ray_saturn.solver.objective import parse_objective
@@ -89,6 +93,8 @@ class DriverConfig:
         whole(self.min_reports, "DriverConfig.min_reports", low=1, error=SaturnError)
         whole(self.max_failures, "DriverConfig.max_failures", low=0, error=SaturnError)
         whole(self.seed, "DriverConfig.seed", low=0, high=MAX_SEED, error=SaturnError)
+        if not isinstance(self.reuse_workers, bool):
+            raise SaturnError(f"DriverConfig.reuse_workers is {self.reuse_workers!r}; give True or False")
 
     def with_policy(self, policy: str | None) -> DriverConfig:
         """This config with ``policy`` (``None``: unchanged)."""

@@ -117,6 +117,9 @@ class Launching(DriverState):
 
     def step(self, d: Driver) -> DriverState:
         d.start_ready_launches()
+        # Every parked worker group has been through the control plane by now (its finish is
+        # re-planned before the next launch pass): the ones no launch claimed end, freeing their GPUs.
+        d.launcher.release_parked()
         return Running()
 
 
@@ -279,6 +282,8 @@ class Driver:
         self._pending: dict[str, Any] = {}
         self._attempt: dict[str, int] = {}
         self._latencies: list[float] = []
+        self._reused: set[str] = set()  # tasks booked onto parked workers, until launched
+        self._reused_segments: set[tuple[str, int]] = set()  # (task, attempt) launched onto them
         self._stop_costs: list[float] = []
         self._log_seen = 0
         self._last_node_check = -math.inf
@@ -465,11 +470,18 @@ class Driver:
                 where = {"devices": pl.device_map(), "gpu_type": pl.gpu_type}
                 if not self.manager.ledger.fits(pl.nodes, pl.per_node, **where):
                     continue
+                # The finished segment's workers on exactly these GPUs, if they wait (no new trainer).
+                reuse = self.launcher.claim_parked(task, tuple(pl.nodes), pl.per_node)
                 try:
-                    self.manager.reserve(task, pl.nodes, pl.per_node, **where)
+                    if reuse:
+                        self.manager.reserve(task, pl.nodes, pl.per_node, hold=False, **where)
+                    else:
+                        self.manager.reserve(task, pl.nodes, pl.per_node, **where)
                 except LedgerError as exc:
                     logger.debug("cannot reserve %s yet: %s", task, exc)
-                    continue
+                    continue  # (a claim left unused ends at the launch pass's release_parked)
+                if reuse:
+                    self._reused.add(task)
             if not self.manager.is_ready(task):
                 continue
             del self._pending[task]
@@ -506,6 +518,10 @@ class Driver:
         rec.segments.append(seg)
         rec.planned_step_time_s = cfg.step_time_s
         rec.step_time_s = None
+        reused = task in self._reused
+        self._reused.discard(task)
+        if reused:
+            self._reused_segments.add((task, attempt))
         self.log(
             {
                 "kind": "launch",
@@ -514,6 +530,7 @@ class Driver:
                 **pl.to_dict(),
                 "from_step": seg.steps_start,
                 "checkpoint_every": every,
+                **({"reused_workers": True} if reused else {}),
             }
         )
         try:
@@ -556,7 +573,8 @@ class Driver:
         latency = seg.first_step_s - seg.start_s
         cfg = self.profile.get(ev.task, *seg.placement.config_key)
         planned = cfg.startup_s + (cfg.checkpoint_load_s if seg.steps_start > 0 else 0.0)
-        self._latencies.append(max(0.0, latency - planned))
+        if (ev.task, ev.attempt) not in self._reused_segments:  # a move starts a new trainer: price that
+            self._latencies.append(max(0.0, latency - planned))
         self.log(
             {
                 "kind": "started",

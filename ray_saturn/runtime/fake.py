@@ -57,6 +57,9 @@ class FakeLauncher(Launcher):
         launch_latency_s: time from launch to the first step, on top of the spec's ``startup_s``.
         fail: ``fail(spec) -> reason or None``; a segment with a reason fails
             after its first step (at ``fail_after_steps``).
+        reuse_latency_s: ``None`` (default): no worker reuse. Else a finished segment's workers park
+            (as the TorchTrainer launcher's do) and a launch that claims them reaches its first step
+            after this many seconds instead of its start-up; :attr:`released` counts the groups let go.
     """
 
     def __init__(
@@ -66,8 +69,14 @@ class FakeLauncher(Launcher):
         launch_latency_s: float = 1.0,
         fail: Callable[[LaunchSpec], str | None] | None = None,
         fail_after_steps: int = 1,
+        reuse_latency_s: float | None = None,
     ) -> None:
         self.clock = 0.0
+        self.reuse_latency_s = reuse_latency_s
+        self.parked: list[tuple[tuple[str, ...], int | float]] = []  # (nodes, GPUs per node) of parked groups
+        self.reused: list[str] = []  # tasks launched onto parked workers
+        self.released = 0
+        self._claims: dict[str, tuple[tuple[str, ...], int | float]] = {}
         self.true_step_time = true_step_time or (lambda s: float(s.step_time_s or 1.0))
         self.launch_latency_s = launch_latency_s
         self.fail = fail or (lambda s: None)
@@ -79,9 +88,25 @@ class FakeLauncher(Launcher):
     def now(self) -> float:
         return self.clock
 
+    def claim_parked(self, task: str, nodes: tuple[str, ...], gpus_per_node: int | float) -> bool:
+        shape = (tuple(sorted(nodes)), gpus_per_node)
+        if self.reuse_latency_s is None or shape not in self.parked:
+            return False
+        self.parked.remove(shape)
+        self._claims[task] = shape
+        return True
+
+    def release_parked(self) -> None:
+        self.released += len(self.parked) + len(self._claims)
+        self.parked.clear()
+        self._claims.clear()
+
     def launch(self, spec: LaunchSpec) -> None:
         step0 = self.checkpoints.get(spec.checkpoint_dir, 0)
         latency = self.launch_latency_s + spec.startup_s
+        if self._claims.pop(spec.task, None) is not None:
+            latency = float(self.reuse_latency_s or 0.0)
+            self.reused.append(spec.task)
         seg = _Segment(spec, self.clock, step0, self.true_step_time(spec), latency=latency)
         reason = self.fail(spec)
         if reason:
@@ -158,6 +183,8 @@ class FakeLauncher(Launcher):
             elif step >= seg.spec.target_step:
                 events.append(Exited(task, seg.spec.attempt, self.clock, "finished", step))
                 del self._running[task]
+                if self.reuse_latency_s is not None and seg.spec.gpus >= 1:
+                    self.parked.append((tuple(sorted(seg.spec.nodes)), seg.spec.gpus_per_node))
             elif seg.started:
                 events.append(Progress(task, seg.spec.attempt, self.clock, step, seg.step_time))
         return events
@@ -172,7 +199,8 @@ class LedgerManager:
         self._added: list[NodeSpec] = []
 
     def reserve(
-        self, task: str, nodes: tuple[str, ...], gpus_per_node: int | float, *, devices=None, gpu_type=None
+        self, task: str, nodes: tuple[str, ...], gpus_per_node: int | float, *, devices=None, gpu_type=None,
+        hold: bool = True,
     ) -> Reservation:
         return self.ledger.reserve(task, nodes, gpus_per_node, devices=devices, gpu_type=gpu_type)
 

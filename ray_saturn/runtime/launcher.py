@@ -16,6 +16,17 @@ Workers report progress through :class:`Reporter`, which sends at most one
 message per ``interval_s`` (the first step at once) to the run's
 :class:`ProgressBoard` actor and learns from it whether to stop.
 
+Worker reuse. A launcher whose segments keep their workers after their last
+step (the TorchTrainer one) *parks* them: the segment's last step is an
+:class:`Exited` ``finished`` at once, and the workers wait a moment for
+another segment of the same shape (the same GPUs on the same nodes). The
+driver offers it with :meth:`Launcher.claim_parked` before it reserves a new
+hold, and lets the rest go with :meth:`Launcher.release_parked`. The board
+carries the hand-over: a parked group is ``parked``, then ``claimed`` (a
+launch is coming), ``assigned`` (its next segment) or ``closed`` (its
+workers end); every change is one call of the board actor, so a group that
+gives up and a launch that claims it cannot both win.
+
 Example:
     >>> spec = LaunchSpec("a", 0, "ddp", 2, ("node-0",), 100, "/tmp/run/tasks/a", 10)
     >>> spec.gpus_per_node
@@ -150,6 +161,14 @@ class Launcher(ABC):
     def shutdown(self) -> None:  # noqa: B027 (optional hook)
         """Stop everything (the driver is ending)."""
 
+    def claim_parked(self, task: str, nodes: tuple[str, ...], gpus_per_node: int | float) -> bool:
+        """Claim parked workers of exactly this shape for ``task``'s next launch (see the module
+        docstring); ``True``: its :meth:`launch` runs on them, and needs no hold of its own."""
+        return False
+
+    def release_parked(self) -> None:  # noqa: B027 (optional hook)
+        """Let every parked, unclaimed worker group end (the control plane had its chance)."""
+
 
 def _board_cls():
     import ray
@@ -161,6 +180,8 @@ def _board_cls():
         def __init__(self) -> None:
             self._events: list[tuple] = []
             self._stop: set[tuple[str, int]] = set()
+            #: worker group -> [state, next segment (a list holding one ObjectRef), decision count]
+            self._groups: dict[str, list] = {}
 
         def push(
             self,
@@ -184,6 +205,57 @@ def _board_cls():
         def drain(self) -> list[tuple]:
             out, self._events = self._events, []
             return out
+
+        # Worker reuse (the module docstring): a group's state changes in one call each.
+        def park(self, group: str, task: str, attempt: int, wall: float, step: int) -> None:
+            """Rank 0 of ``group``: its segment of ``task`` finished at ``step``; its workers wait."""
+            self._events.append(("done", task, attempt, wall, step, None, None))
+            g = self._groups.setdefault(group, {"state": "parked", "next": None, "decided": []})
+            g["state"], g["next"] = "parked", None
+
+        def claim(self, group: str) -> bool:
+            g = self._groups.get(group)
+            if g is None or g["state"] != "parked":
+                return False
+            g["state"] = "claimed"
+            return True
+
+        def offer(self, group: str, segment: list) -> bool:
+            g = self._groups.get(group)
+            if g is None or g["state"] not in ("parked", "claimed"):
+                return False
+            g["state"], g["next"] = "assigned", segment
+            return True
+
+        def dismiss(self, group: str, force: bool = False) -> None:
+            """Close a parked group (``force``: a claimed one too); a running or assigned one goes on."""
+            g = self._groups.get(group)
+            if g is not None and (g["state"] == "parked" or (force and g["state"] == "claimed")):
+                g["state"] = "closed"
+
+        def next_segment(self, group: str, give_up: bool, force: bool = False) -> tuple[str, list | None]:
+            """Rank 0's poll: ``("run", segment)``, ``("wait", None)`` or ``("end", None)``;
+            ``give_up`` closes a group nobody claimed (``force``: a claimed one too). Each decision
+            is kept for the other ranks."""
+            g = self._groups.get(group)
+            if g is None:
+                return ("end", None)
+            if g["state"] == "assigned":
+                g["state"] = "running"
+                g["decided"].append(("run", g["next"]))
+            elif g["state"] == "closed" or (give_up and g["state"] == "parked") or (force and g["state"] == "claimed"):
+                g["state"] = "closed"
+                g["decided"].append(("end", None))
+            else:
+                return ("wait", None)
+            return g["decided"][-1]
+
+        def decision(self, group: str, n: int) -> tuple[str, list | None]:
+            """The other ranks: rank 0's ``n``-th decision (from 0), ``("wait", None)`` until it is made."""
+            g = self._groups.get(group)
+            if g is None:
+                return ("end", None)
+            return g["decided"][n] if n < len(g["decided"]) else ("wait", None)
 
     return ProgressBoard
 
@@ -242,6 +314,9 @@ def board_events(rows: list[tuple]) -> list[LauncherEvent]:
     """Turn the board's rows into typed events."""
     out: list[LauncherEvent] = []
     for kind, task, attempt, wall, step, step_time_s, loss in rows:
+        if kind == "done":  # a segment's workers parked after its last step (worker reuse)
+            out.append(Exited(task, attempt, wall, "finished", step))
+            continue
         if kind == "started":
             out.append(Started(task, attempt, wall, step))
         out.append(Progress(task, attempt, wall, step, step_time_s, loss))

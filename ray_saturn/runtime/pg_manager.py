@@ -34,6 +34,11 @@ finishes, fails or moves, so the run never launches anything else onto
 those GPUs: the ledger is the single owner, the hold PG enforces it against
 other Ray work until launch, and the trainer's own PG from launch on.
 
+Reused workers. A task launched onto the parked workers of a finished
+segment of the same shape (:meth:`~ray_saturn.runtime.launcher.Launcher.claim_parked`)
+is booked with ``hold=False``: the ledger entry only, ready at once, since
+those workers' own placement group still holds the GPUs.
+
 Lighter runs (the emulated workload of ``ray-saturn emulate``) need no
 hand-over: they are scheduled straight into the hold's bundles with
 :meth:`PlacementGroupManager.bundle_strategy`.
@@ -118,17 +123,23 @@ class PlacementGroupManager:
         self.prefix = f"ray_saturn:{run_name}:"
         self._holds: dict[str, Any] = {}
         self._ready: dict[str, Any] = {}
+        self._unheld: set[str] = set()  # booked with hold=False (parked workers hold the GPUs)
 
     # --------------------------------------------------------- reserving
     def reserve(
         self, task: str, nodes: Iterable[str], gpus_per_node: int | float, *, devices: Any = None,
-        gpu_type: str | None = None,
+        gpu_type: str | None = None, hold: bool = True,
     ) -> Reservation:
         """Book the GPUs (or a share of one: ``gpus_per_node`` = 1/k, on the ``devices`` the plan
-        named) in the ledger and hold them with a placement group pinned to the planned nodes."""
+        named) in the ledger and hold them with a placement group pinned to the planned nodes
+        (``hold=False``: the ledger only; the parked workers the task reuses hold them)."""
         from ray.util.placement_group import placement_group
 
         res = self.ledger.reserve(task, nodes, gpus_per_node, devices=devices, gpu_type=gpu_type)
+        if not hold:
+            self._unheld.add(task)
+            logger.debug("booked %s on the parked workers of %s", task, ",".join(res.nodes))
+            return res
         ids = [self.ledger.node_id(n) for n in res.nodes]
         bundles = [{"GPU": float(gpus_per_node)} for _ in res.nodes]
         strategy = "STRICT_PACK" if len(res.nodes) == 1 else "STRICT_SPREAD"
@@ -159,6 +170,9 @@ class PlacementGroupManager:
     def is_ready(self, task: str) -> bool:
         """Whether the hold is placed now (asks the GCS; does not wait)."""
         from ray.util import placement_group_table
+
+        if task in self._unheld:
+            return self.ledger.holder(task) is not None
 
         return placement_group_table(self._hold(task)).get("state") == "CREATED"
 
@@ -259,6 +273,7 @@ class PlacementGroupManager:
             ) from None
 
     def _remove_hold(self, task: str) -> None:
+        self._unheld.discard(task)
         pg = self._holds.pop(task, None)
         self._ready.pop(task, None)
         if pg is None:
