@@ -94,3 +94,56 @@ def test_a_finished_segments_workers_train_the_next_task_and_a_failure_there_is_
     for e in launches:
         if e.get("reused_workers") and e["task"] in started:
             assert started[e["task"]] < 5.0, "a reused launch starts without a new trainer"
+
+
+def test_a_segment_on_reused_workers_stops_at_a_checkpoint_when_the_driver_moves_it(tmp_path):
+    # The launcher as the driver uses it: a's workers park after its last step, b claims them, and a
+    # move's stop ends b at a checkpoint, named as b's; the workers end with it.
+    import time
+
+    from ray_saturn import ClusterSpec
+    from ray_saturn.runtime.launcher import Exited, LaunchSpec, Started
+    from ray_saturn.runtime.pg_manager import PlacementGroupManager
+    from ray_saturn.runtime.storage import RunStorage
+    from ray_saturn.runtime.train_launcher import TrainLauncher
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    with emulated_cluster(1, 1):
+        cluster = ClusterSpec.from_ray()
+        node = cluster.nodes[0].name
+        mgr = PlacementGroupManager(cluster)
+        storage = RunStorage(tmp_path / "run")
+        tasks = {n: Task(n, _model, _data, _loss, _opt, {"lr": 0.1}, max_steps=100_000) for n in ("a", "b")}
+        launcher = TrainLauncher(mgr, storage, tasks, backend="gloo", report_interval_s=0.1)
+
+        def spec(name, target):
+            return LaunchSpec(name, 0, "single", 1, (node,), target, storage.task_dir(name), 5)
+
+        def wait_for(kind, task, deadline_s=240.0):
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < deadline_s:
+                for ev in launcher.poll(0.5):
+                    if isinstance(ev, kind) and ev.task == task:
+                        return ev
+            raise AssertionError(f"no {kind.__name__} of {task} within {deadline_s} s")
+
+        try:
+            mgr.reserve("a", (node,), 1)
+            assert mgr.wait_ready("a", 60)
+            launcher.launch(spec("a", 10))
+            done = wait_for(Exited, "a")
+            assert (done.status, done.step) == ("finished", 10)
+            mgr.release("a")
+            assert launcher.claim_parked("b", (node,), 1)
+            mgr.reserve("b", (node,), 1, hold=False)
+            assert mgr.is_ready("b")
+            launcher.launch(spec("b", 100_000))
+            wait_for(Started, "b", 60.0)
+            launcher.stop("b")
+            stopped = wait_for(Exited, "b")
+            assert stopped.status == "stopped" and 0 < stopped.step < 100_000 and stopped.step % 5 == 0
+            assert strategies.latest_step(str(tmp_path / "run" / "tasks" / "b" / "checkpoints")) == stopped.step
+            assert not launcher._groups and not launcher.claim_parked("a", (node,), 1)
+        finally:
+            launcher.shutdown()
+            mgr.release_all()
