@@ -473,10 +473,7 @@ class Driver:
                 # The finished segment's workers on exactly these GPUs, if they wait (no new trainer).
                 reuse = self.launcher.claim_parked(task, tuple(pl.nodes), pl.per_node)
                 try:
-                    if reuse:
-                        self.manager.reserve(task, pl.nodes, pl.per_node, hold=False, **where)
-                    else:
-                        self.manager.reserve(task, pl.nodes, pl.per_node, **where)
+                    self.manager.reserve(task, pl.nodes, pl.per_node, hold=not reuse, **where)
                 except LedgerError as exc:
                     logger.debug("cannot reserve %s yet: %s", task, exc)
                     continue  # (a claim left unused ends at the launch pass's release_parked)

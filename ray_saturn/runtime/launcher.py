@@ -180,7 +180,7 @@ def _board_cls():
         def __init__(self) -> None:
             self._events: list[tuple] = []
             self._stop: set[tuple[str, int]] = set()
-            #: worker group -> [state, next segment (a list holding one ObjectRef), decision count]
+            #: worker group -> {state, next segment (a list holding one ObjectRef), decisions made so far}
             self._groups: dict[str, list] = {}
 
         def push(
