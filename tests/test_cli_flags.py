@@ -95,6 +95,7 @@ def test_the_demo_library_refuses_an_infinite_scale():
         ("restart_s", -1.0, "DriverConfig.restart_s is -1.0; give a finite number >= 0"),
         ("min_reports", 2.5, "DriverConfig.min_reports is 2.5; give a whole number"),
         ("seed", -1, "DriverConfig.seed is -1"),
+        ("reuse_workers", "no", "DriverConfig.reuse_workers is 'no'; give True or False"),
     ],
 )
 def test_driver_config_checks_its_numbers(field, value, message):
