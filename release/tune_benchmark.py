@@ -33,6 +33,15 @@ Usage:
     python release/pollux.py --sweep cifar10,deepspeech2,ncf,bert --gpus-per-node 4 -o sweep.csv
     python release/tune_benchmark.py sweep.csv --nodes 2 --gpus-per-node 4 --num-samples 32 \\
         --time-scale 0.004 --seed 0 --json
+    python release/tune_benchmark.py sweep.csv ... --seed S --details runs/seed-S.json   # one per seed
+    python release/tune_benchmark.py --summarize runs/seed-*.json
+
+One run per seed is not a verdict: ASHA's promotions depend on the order in
+which results arrive, so the same seed gives plain Tune search times 1.7x
+apart from one invocation to the next. ``--summarize`` takes the
+``--details`` files of several invocations and prints, per file and over
+them, saturn / the better plain Tune (per run, its mean and standard error)
+and the ratio of the mean search times.
 """
 
 from __future__ import annotations
@@ -312,7 +321,39 @@ def run_search(kind: str, table: ProfileTable, args, rows, steps, storage: str) 
     return out
 
 
+def summarize(paths: list[str]) -> int:
+    """The table of several invocations' ``--details`` files (see the module docstring)."""
+    import statistics
+
+    rows = []
+    for path in paths:
+        try:
+            d = json.loads(Path(path).read_text())
+            s, plain = d["saturn"], [d[k] for k in ("plain-1gpu", "plain-whole-node") if k in d]
+        except (OSError, ValueError, KeyError) as exc:
+            _fail(f"{path}: not a --details file of a run with saturn and plain Tune ({exc})")
+        if not plain:
+            _fail(f"{path}: no plain Tune run in it")
+        better = min(p["search_time_s"] for p in plain)
+        rows.append((path, s, plain, better))
+        same = all(p["best_metric"] == s["best_metric"] for p in plain)
+        print(f"{path}: saturn {s['search_time_s']:.0f} s, better plain {better:.0f} s, ratio "
+              f"{s['search_time_s'] / better:.3f}; same best metric: {same}; errored {s['errored']}; "
+              f"moves {s['moves']} ({s['resizes_that_changed_size']} changed size); max hook {s['max_hook_ms']} ms")
+    ratios = [s["search_time_s"] / b for _, s, _, b in rows]
+    mean = statistics.mean(ratios)
+    se = statistics.stdev(ratios) / math.sqrt(len(ratios)) if len(ratios) > 1 else float("nan")
+    of_means = statistics.mean(s["search_time_s"] for _, s, _, _ in rows) / statistics.mean(b for *_, b in rows)
+    print(f"{len(rows)} runs: saturn / better plain Tune per run: mean {mean:.3f} (standard error {se:.3f}), "
+          f"min {min(ratios):.3f}, max {max(ratios):.3f}; mean saturn / mean better plain: {of_means:.3f}")
+    return 0
+
+
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--summarize":
+        if len(sys.argv) < 3:
+            _fail("--summarize takes the --details files of one or more runs")
+        return summarize(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("profile")
     ap.add_argument("--nodes", type=int, default=2)

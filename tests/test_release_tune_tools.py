@@ -1,0 +1,69 @@
+"""The Tune benchmark's analysis tools: the multi-run summary and the ASHA model of the search."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+RELEASE = Path(__file__).resolve().parents[1] / "release"
+sys.path.insert(0, str(RELEASE))
+
+import tune_asha_model  # noqa: E402
+import tune_benchmark  # noqa: E402
+
+
+def _details(path: Path, saturn: float, plain_1: float, plain_node: float) -> str:
+    run = {"best_metric": 0.1, "errored": 0, "moves": 1, "resizes_that_changed_size": 1, "max_hook_ms": 9.0}
+    path.write_text(json.dumps({
+        "saturn": {**run, "search_time_s": saturn},
+        "plain-1gpu": {**run, "search_time_s": plain_1},
+        "plain-whole-node": {**run, "search_time_s": plain_node},
+    }))
+    return str(path)
+
+
+def test_summary_gives_per_run_ratios_their_mean_and_the_ratio_of_means(tmp_path, capsys):
+    a = _details(tmp_path / "a.json", 80.0, 100.0, 120.0)  # 0.8 against plain-1gpu
+    b = _details(tmp_path / "b.json", 120.0, 150.0, 100.0)  # 1.2 against plain-whole-node
+    assert tune_benchmark.summarize([a, b]) == 0
+    out = capsys.readouterr().out
+    assert "ratio 0.800" in out and "ratio 1.200" in out
+    assert "mean 1.000 (standard error 0.200)" in out
+    assert "mean saturn / mean better plain: 1.000" in out
+
+
+def test_summary_of_a_file_that_is_not_a_run_is_a_one_line_error(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"plain-1gpu": {}}')
+    with pytest.raises(SystemExit) as exc:
+        tune_benchmark.summarize([str(bad)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "bad.json" in err and "--details" in err
+
+
+def test_asha_model_search_time_of_one_trial_is_its_start_plus_its_reports():
+    args = SimpleNamespace(nodes=1, gpus_per_node=2, reports=4, time_scale=0.5, startup_core_s=1.0, cores=2.0)
+    rows, steps = {"t": {1: 1.0, 2: 0.6}}, {"t": 8}
+    model = tune_asha_model.Model(rows, steps, args)
+    pols = tune_asha_model.policies(model)
+    # A start alone takes 1 core-s / 0.5 = 2 profile s; 8 steps of 1.0 s on 1 GPU, of 0.6 s on 2.
+    assert model.search([("t", 0.5)], *pols["plain-1gpu"]) == pytest.approx(2.0 + 8.0)
+    assert model.search([("t", 0.5)], *pols["plain-whole-node"]) == pytest.approx(2.0 + 4.8)
+
+
+def test_asha_model_stops_the_worse_of_two_trials_at_the_first_rung():
+    # Two trials side by side; the one reaching a rung second is stopped there when it is worse.
+    args = SimpleNamespace(nodes=1, gpus_per_node=2, reports=4, time_scale=1.0, startup_core_s=0.0, cores=2.0)
+    rows, steps = {"fast": {1: 1.0}, "slow": {1: 2.0}}, {"fast": 4, "slow": 4}
+    model = tune_asha_model.Model(rows, steps, args)
+    order, width, grow = tune_asha_model.policies(model)["plain-1gpu"]
+    # fast (better quality: lower loss) reaches every rung first; slow, worse, stops at report 1.
+    assert model.search([("fast", 0.0), ("slow", 1.0)], order, width, grow) == pytest.approx(4.0)
+    # slow better: it goes on to report 4 (8 s); fast, worse but first at rung 1 and 2, stops at rung 4
+    # only if slow recorded there first: it did not (fast is there at 4 s, slow at 8 s), so 8 s.
+    assert model.search([("fast", 1.0), ("slow", 0.0)], order, width, grow) == pytest.approx(8.0)
