@@ -262,6 +262,7 @@ def run_search(kind: str, table: ProfileTable, args, rows, steps, storage: str) 
             restart_s=args.restart_s,
             cpus_per_trial=CPUS_PER_TRIAL,
             solver_time_limit_s=args.solver_time_limit,
+            start_order=args.start_order,
         )
         scheduler = saturn
     else:
@@ -366,6 +367,8 @@ def main() -> int:
     ap.add_argument(
         "--restart-s", type=float, default=2.0, help="saturn's restart cost in wall seconds until it has measured one"
     )
+    ap.add_argument("--start-order", default="searcher", choices=("searcher", "plan"),
+                    help="saturn's start order (SaturnScheduler(start_order=...))")
     ap.add_argument("--solver-time-limit", type=float, default=0.5, help="saturn's background solve limit (s)")
     ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {', '.join(RUNS)}")
     ap.add_argument("--objective", default="makespan", help=f"saturn's objective ({', '.join(OBJECTIVES)})")

@@ -61,7 +61,7 @@ from ray_saturn.metrics import RunMetrics
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.spec import ClusterSpec
 from ray_saturn.tune._early_stops import EarlyStopModel, early_stop_model
-from ray_saturn.tune._planner import BackgroundPlanner, same_decisions
+from ray_saturn.tune._planner import START_ORDERS, BackgroundPlanner, same_decisions
 from ray_saturn.tune._rows import TrialRejected, TrialRows, trial_rows
 
 __all__ = ["GpuEvent", "Move", "SaturnScheduler", "SchedulerStats", "TuneIntegrationError"]
@@ -208,6 +208,15 @@ class SaturnScheduler(TrialScheduler):
             ``False`` plans every trial for all its steps.
         cpus_per_trial: CPUs in each trial's bundle besides its GPUs.
         solver_time_limit_s: time limit of each background solve.
+        start_order: ``"searcher"`` (default): trials start in the order the
+            search algorithm added them, as under plain Tune, and ray_saturn
+            decides their GPUs, nodes and moves; ``"plan"``: in the order
+            that shortens the plan (longest first). Under ASHA the first
+            trials at a rung always go on, so a plan that starts the longest
+            trials first lets them pass rungs they would not pass in the
+            searcher's order (see :func:`~ray_saturn.tune._planner.in_arrival_order`).
+            Objective ``makespan`` only: the completion objectives order by
+            remaining work.
         run_name: the ``run`` tag of the dashboard metrics.
         clock: seconds now (for tests); default ``time.monotonic``.
 
@@ -235,6 +244,7 @@ class SaturnScheduler(TrialScheduler):
         expect_early_stops: bool = True,
         cpus_per_trial: float = 1.0,
         solver_time_limit_s: float = 0.5,
+        start_order: str = "searcher",
         run_name: str | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
@@ -250,6 +260,8 @@ class SaturnScheduler(TrialScheduler):
             raise TuneIntegrationError(f"cpus_per_trial is {cpus_per_trial!r}; it must be >= 0")
         if not (isinstance(solver_time_limit_s, int | float) and solver_time_limit_s > 0):
             raise TuneIntegrationError(f"solver_time_limit_s is {solver_time_limit_s!r}; it must be > 0")
+        if start_order not in START_ORDERS:
+            raise TuneIntegrationError(f"start_order is {start_order!r}; choose one of: {', '.join(START_ORDERS)}")
         try:
             self._replan_policy = get_replan_policy(policy)
             self._objective = parse_objective(objective)
@@ -269,6 +281,7 @@ class SaturnScheduler(TrialScheduler):
         self._planner = BackgroundPlanner(
             time_limit_s=self._time_limit_s, allows_moves=self._replan_policy.allows_moves
         )
+        self._planner.start_order = start_order
         self._trials: dict[str, _TrialState] = {}
         self._arrivals: list[str] = []
         self._ended: list[tuple[str, bool, str, bool]] = []  # (trial, finished, reason, retry)
