@@ -270,6 +270,49 @@ def test_near_equal_plans_start_first_the_trial_that_may_train_longest():
     assert plan.makespan_s == pytest.approx(100.0) and plan.assignment("c").gpus == 1
 
 
+def test_in_the_searchers_order_trials_start_as_they_arrived_on_the_gpus_ray_saturn_picks():
+    # z arrived after a and may train 100 steps more: the plan's order starts z first (see above);
+    # the searcher's order starts a first. A wide, efficient row is still taken: w runs 2x faster
+    # on 2 GPUs at 0.9 efficiency, so it gets both GPUs in its turn.
+    from ray_saturn.context import PlanningContext
+
+    rows = [{"task": n, "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 10} for n in ("a", "z")]
+    prof = ProfileTable.from_rows(rows)
+    cluster = ClusterSpec.uniform(1, 1)
+    for order, first in (("plan", "z"), ("searcher", "a")):
+        plan = planner_mod.quick_plan(prof, cluster, "saturn", PlanningContext(), extra_steps={"z": 100},
+                                      start_order=order)
+        assert min(plan.assignments, key=lambda a: a.start_s).task == first
+    prof = ProfileTable.from_rows(
+        [
+            {"task": "s", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 10},
+            {"task": "w", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 100},
+            {"task": "w", "strategy": "ddp", "gpus": 2, "step_time_s": 1 / 1.8, "steps": 100},
+        ]
+    )
+    plan = planner_mod.quick_plan(prof, ClusterSpec.uniform(1, 2), "saturn", PlanningContext(),
+                                  extra_steps={"w": 0}, start_order="searcher")
+    assert plan.assignment("s").start_s == 0.0 and plan.assignment("w").gpus == 2
+
+
+def test_scheduler_releases_trials_in_the_order_tune_added_them(fake_tune, no_background):
+    from ray.tune.schedulers import ASHAScheduler
+
+    def rows(config):  # "long" may train 20x the steps of "short"; one GPU for both
+        return [{"strategy": "single", "gpus": 1, "step_time_s": 1.0, "steps": config["steps"]}]
+
+    for order, first in (("searcher", "short"), ("plan", "long")):
+        asha = ASHAScheduler(metric="loss", mode="min", time_attr="training_iteration", max_t=16,
+                             grace_period=1, reduction_factor=2)
+        s = SaturnScheduler(rows, base_scheduler=asha, cluster=ClusterSpec.uniform(1, 1), start_order=order,
+                            clock=Clock())
+        tune = fake_tune(s)
+        tune.add("short", {"steps": 16}), tune.add("long", {"steps": 320})
+        assert tune.step() == [first], order
+    with pytest.raises(TuneIntegrationError, match="start_order is 'fifo'; choose one of: searcher, plan"):
+        SaturnScheduler(rows, start_order="fifo")
+
+
 @pytest.mark.parametrize("latency_s, measure, moves", [(2.0, True, 1), (40.0, True, 0), (40.0, False, 1)])
 def test_move_when_gain_beats_measured_restart_and_only_after_tune_paused(
     fake_tune, inline_background, latency_s, measure, moves
