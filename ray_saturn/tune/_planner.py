@@ -55,9 +55,9 @@ QUICK_BASELINES = ("fifo-fastest", "fifo-min-gpus", "fifo-whole-node", "optimus-
 #: How far above the least makespan a quick plan may be to end sooner should any one trial train
 #: past its horizon (see :func:`survivor_makespan`): the horizons are expectations, far less exact.
 SURVIVOR_TOLERANCE = 0.05
-#: ``start_order="searcher"``: schedules where each trial in turn takes the option ending it first among
-#: those of at least these efficiencies (least GPU-seconds / the option's) join the candidates.
-SEARCHER_EFFICIENCIES = (1.0, 0.85, 0.5)
+#: ``start_order="searcher"``: allotments of each task's fastest row of at least these efficiencies
+#: join the candidates (a row as efficient as that costs little GPU-time and ends the trial sooner).
+SEARCHER_EFFICIENCIES = (0.85,)
 #: The start orders a Tune search may follow (see :func:`quick_plan`).
 START_ORDERS = ("searcher", "plan")
 
@@ -102,8 +102,8 @@ def quick_plan(
     ``start_order`` (objective ``makespan``; the completion objectives order by remaining work):
     ``"plan"``, trials start in the order the schedule finds best; ``"searcher"``, in the order
     they arrived (the search algorithm's): each candidate's allotment is kept and list-scheduled
-    in that order, with serial schedules in that order where each trial takes the option ending it
-    first among those of at least :data:`SEARCHER_EFFICIENCIES` efficiency (see :func:`in_arrival_order`).
+    in that order, with allotments of the fastest rows of at least :data:`SEARCHER_EFFICIENCIES`
+    efficiency as more candidates (see :func:`in_arrival_order`).
 
     The lower bound is the cheap one (length, area, exclusive task; no LP).
     """
@@ -174,9 +174,8 @@ def _extra_s(problem, t: int, option: int, extra_steps: Mapping[str, int]) -> fl
 
 
 def in_arrival_order(problem, candidates: list) -> list:
-    """Each distinct allotment of ``candidates`` list-scheduled with the tasks in the order they
-    arrived, and serial schedules in that order on the options that end each task first among
-    those of each efficiency of :data:`SEARCHER_EFFICIENCIES`.
+    """Each distinct allotment of ``candidates`` (and the widest rows of each efficiency of
+    :data:`SEARCHER_EFFICIENCIES`), list-scheduled with the tasks in the order they arrived.
 
     Why the search algorithm's order: under an asynchronous early-stopping scheduler (ASHA) the
     first trial to reach a rung always goes on, and each later one goes on when it beats the
@@ -186,16 +185,20 @@ def in_arrival_order(problem, candidates: list) -> list:
     in two of six seeds). In the searcher's order ASHA sees results in about the order plain Tune
     gives it, and what ray_saturn decides is each trial's GPUs, node and moves.
     """
-    from ray_saturn.solver.completion import completion_schedule
     from ray_saturn.solver.listsched import list_schedule
 
     order = list(range(problem.num_tasks))  # the input lists tasks by arrival (then as added)
-    out = [list_schedule(problem, list(c), order) for c in dict.fromkeys(tuple(s.option) for s in candidates)]
-    if not problem.packing:
-        # Each trial in turn on the option that ends it first among those of at least that efficiency
-        # (it waits for more GPUs only when that ends it sooner), running trials kept where they run.
-        out += [completion_schedule(problem, order, eff, keep_running=True) for eff in SEARCHER_EFFICIENCIES]
-    return out
+    choices = [tuple(s.option) for s in candidates]
+    for eff in SEARCHER_EFFICIENCIES:
+        choices.append(tuple(_widest_efficient(problem, eff)))
+    return [list_schedule(problem, list(c), order) for c in dict.fromkeys(choices)]
+
+
+def _widest_efficient(problem, efficiency: float) -> list[int]:
+    """Per task, its fastest option of at least ``efficiency`` (least GPU-seconds / the option's);
+    a running task kept where it runs."""
+    least = [min(o.area for o in opts) for opts in problem.options]
+    return problem.choose(lambda t, o: (least[t] < efficiency * o.area - 1e-9, o.duration_s, o.gpus))
 
 
 def _shortest(problem, candidates: list, extra_steps: Mapping[str, int] | None, *, reorder: bool = True):

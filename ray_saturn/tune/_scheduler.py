@@ -283,7 +283,6 @@ class SaturnScheduler(TrialScheduler):
         )
         self._planner.start_order = start_order
         self._trials: dict[str, _TrialState] = {}
-        self._results_seen = False  # no background solve before the first result (see _step)
         self._arrivals: list[str] = []
         self._ended: list[tuple[str, bool, str, bool]] = []  # (trial, finished, reason, retry)
         self._launches: dict[str, Launch] = {}
@@ -406,7 +405,6 @@ class SaturnScheduler(TrialScheduler):
     def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
         with self._hook("on_trial_result"):
             decision = self._base.on_trial_result(tune_controller, trial, result)
-            self._results_seen = True
             st = self._trials.get(trial.trial_id)
             if st is None or st.phase not in ("running", "stopping") or not st.in_controller:
                 return decision
@@ -523,10 +521,8 @@ class SaturnScheduler(TrialScheduler):
         wake = ctl.next_wakeup_s()
         if wake is not None and now >= wake:
             actions += ctl.handle(Tick(time_s=now))
-        if self._results_seen:
-            # Solve the newest state in the background, once the first trials train: the background's
-            # start (a Ray actor, a process of its own) would compete with theirs for the CPU.
-            self._planner.flush()
+        if len(ctl.replans) > replans:
+            self._planner.flush()  # solve the newest state in the background
         newest = self._planner.newest if self._planner.poll() else None
         if newest is not None and (ctl.done or (ctl.plan is not None and same_decisions(newest, ctl.plan))):
             self._planner.consume(applied=False)  # nothing to change
