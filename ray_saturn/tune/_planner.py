@@ -140,10 +140,11 @@ def quick_plan(
             candidates += [replay_schedule(p, choice, order, nodes_of), list_schedule(p, choice, order)]
     options = getattr(policy, "options", None)
     objective = getattr(options, "objective", "makespan")
-    if objective == "makespan" and start_order == "searcher":
-        candidates = in_arrival_order(problem, candidates)
     if objective == "makespan":
-        best = _shortest(problem, candidates, extra_steps, reorder=start_order != "searcher")
+        searcher = start_order == "searcher"
+        if searcher:
+            candidates = in_arrival_order(problem, candidates)
+        best = _shortest(problem, candidates, extra_steps, reorder=not searcher)
     else:
         from ray_saturn.solver.completion import completion_search
         from ray_saturn.solver.objective import task_weights
@@ -219,16 +220,15 @@ def _shortest(problem, candidates: list, extra_steps: Mapping[str, int] | None, 
     best = min(candidates, key=lambda s: s.makespan)
     if not extra_steps or not any(extra_steps.get(t, 0) > 0 for t in problem.tasks):
         return best
-    if not reorder:  # the start order is fixed: only the allotments compete
-        least = best.makespan
-        near = [s for s in candidates if s.makespan <= least * (1 + SURVIVOR_TOLERANCE) + 1e-9]
-        return min(near, key=lambda s: (survivor_makespan(problem, s, extra_steps), s.makespan))
 
     def potential(t: int, option: int) -> float:
         return problem.options[t][option].duration_s + _extra_s(problem, t, option, extra_steps)
 
+    # One survivor-order schedule per distinct allotment; none when the start order is fixed
+    # (reorder=False): then only the candidates themselves compete.
+    allotments = dict.fromkeys(tuple(s.option) for s in candidates) if reorder else {}
     more = []
-    for choice in dict.fromkeys(tuple(s.option) for s in candidates):  # one schedule per distinct allotment
+    for choice in allotments:
         order = sorted(range(problem.num_tasks), key=lambda t: (-potential(t, choice[t]), t))
         more.append(list_schedule(problem, list(choice), order))
     pool = candidates + more
