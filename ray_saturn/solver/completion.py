@@ -51,11 +51,11 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from ray_saturn.errors import InfeasibleError
-from ray_saturn.solver.listsched import _first_k_fit, _NodeProfile
+from ray_saturn.solver.listsched import _first_k_fit, _NodeProfile, list_schedule, serial_schedule
 from ray_saturn.solver.objective import BACKGROUND_WEIGHT, ONLINE_SLACK, is_background, weighted_completion
 from ray_saturn.solver.problem import Problem, Schedule
 
@@ -69,6 +69,9 @@ _SHARES = (1.0, 2.0, 4.0, None)
 FILL_EFFICIENCY = 0.84
 #: ... and at most this many times its shortest duration, the widest of those that start first.
 FILL_SPAN = 4.0
+#: ``online`` with the makespan guard on: a task holding at least this share of the least GPU-seconds
+#: of all tasks is large (it keeps a makespan reference's GPU count in some candidates).
+LARGE_SHARE = 0.1
 #: Decodings of the improvement phase per candidate family (the sweep is always done).
 IMPROVE_EVALS = 60
 
@@ -105,6 +108,7 @@ def completion_schedule(
     cap: int | None = None,
     pause: bool = False,
     fill: Collection[int] = (),
+    fixed: Mapping[int, int] | None = None,
 ) -> Schedule:
     """Serial schedule generation with the option picked per task (see the module docstring).
 
@@ -147,6 +151,8 @@ def completion_schedule(
         if filling:
             # A background task: the widest option with efficiency >= FILL_EFFICIENCY that starts first.
             limit, e_t = math.inf, FILL_EFFICIENCY
+        elif fixed is not None and t in fixed:
+            limit, e_t = math.inf, 0.0  # its option is given: no cap, no efficiency floor
         else:
             # The GPU cap (a share of the cluster) applies unless no option fits under it.
             limit = cap if cap is not None and any(o.gpus <= cap for o in opts) else math.inf
@@ -160,9 +166,10 @@ def completion_schedule(
         # A running task that moves restarts at once, unless it may be paused.
         at_once = any(o.pinned for o in opts) and not pause
         best: tuple[float, int, int, float, tuple[int, ...]] | None = None  # (end, gpus, option, start, nodes)
+        only = fixed.get(t) if fixed is not None else None
         for j, o in enumerate(opts):
             d = o.duration_s
-            if o.gpus > limit:
+            if o.gpus > limit or (only is not None and j != only):
                 continue
             if o.pinned_nodes is not None:
                 if all(profiles[i].fits(0.0, d, o.per_node) for i in o.pinned_nodes):
@@ -294,6 +301,46 @@ def completion_search(
                         raise
                     continue  # a running task found no place to restart at once: keep-mode covers it
                 cands.append((sched, order, (e, cap), keep))
+    # Each reference plan's GPU counts, in the priority orders: a makespan plan's allotments with
+    # the short tasks first often keep its makespan and end the others much sooner.
+    seen_choices = set()
+    for ref in reference if objective != "online" or area_weight <= 0 else ():
+        if tuple(ref.option) in seen_choices:
+            continue
+        seen_choices.add(tuple(ref.option))
+        for order in _orders(problem, weights, critical=objective == "online"):
+            for decode in (serial_schedule, list_schedule):
+                evaluated += 1
+                try:
+                    sched = decode(problem, ref.option, order)
+                except InfeasibleError:
+                    continue
+                # Without pausing, a running task that moves restarts at once.
+                if pause or all(sched.start[t] <= 1e-6 for t in range(problem.num_tasks)
+                                if problem.pinned_option(t) is not None):
+                    cands.append((sched, None, None, None))
+    # Without an arrival price the makespan guard is on: the large tasks (each >= LARGE_SHARE of
+    # the least GPU-seconds) keep a reference plan's GPU counts, which set its makespan, and the
+    # others are planned for completion around them.
+    if objective == "online" and area_weight <= 0:
+        least = [min(o.area for o in opts) for opts in problem.options]
+        large = [t for t in range(problem.num_tasks) if least[t] >= LARGE_SHARE * sum(least)]
+        seen_large = set()
+        for ref in reference if large else ():
+            fixed = {t: ref.option[t] for t in large}
+            if tuple(fixed.values()) in seen_large:
+                continue
+            seen_large.add(tuple(fixed.values()))
+            for keep in modes:
+                for order in _orders(problem, weights, critical=True):
+                    for e, cap in rules:
+                        evaluated += 1
+                        try:
+                            sched = completion_schedule(problem, order, e, keep_running=keep, cap=cap,
+                                                        pause=pause, fixed=fixed)
+                        except InfeasibleError:
+                            continue
+                        cands.append((sched, order, (e, cap, fixed), keep))
     best_makespan = min([c[0].makespan for c in cands] + [s.makespan for s in reference])
     # While jobs keep arriving (area_weight > 0) the GPU-seconds a plan uses are what later jobs wait
     # for, and the makespan of the jobs present says little about the run's: no makespan guard then.
@@ -323,7 +370,7 @@ def completion_search(
             evaluated += 1
             try:
                 s = completion_schedule(problem, cand, eff[0], keep_running=keep, cap=eff[1], pause=pause,
-                                        fill=fill)
+                                        fill=fill, fixed=eff[2] if len(eff) > 2 else None)
             except InfeasibleError:
                 i += 1
                 tries += 1

@@ -177,6 +177,11 @@ class SaturnPolicy(Policy):
                 candidates=reference,
             )
             reference.append(heur.schedule)
+            if self.options.area_weight <= 0:
+                # No arrival price (arrivals stopped): the run ends with the jobs present, and the
+                # guard keeps within ONLINE_SLACK of the best makespan known: the exact search's.
+                mk = SaturnPolicy(deterministic=self.deterministic, gap=self.options.gap)
+                reference.append(mk.solve(problem, bound, time_limit_s=0.5 * time_limit_s, seed=seed).schedule)
         weights = task_weights(problem.profile, problem.tasks)
         # Deterministic: the search's own evaluation budget decides; the clock is only a safety net.
         limit = max(10.0, SAFETY_FACTOR * time_limit_s) if self.deterministic else time_limit_s
