@@ -40,7 +40,13 @@ the objective (:mod:`ray_saturn.solver.objective`):
    again; its completion counts
    :data:`~ray_saturn.solver.objective.BACKGROUND_WEIGHT` of its weight, so
    a short arrival may shrink or pause it.
-6. Improvement: adjacent swaps in the priority order, kept when they lower
+6. ``online`` without an arrival price (the guard on), and ``completion``: each
+   reference plan's GPU counts decoded in the priority orders, and (``online``)
+   the large tasks (each >= :data:`LARGE_SHARE` of the least GPU-seconds) held
+   at a reference's GPU counts while the others are planned as in 2-3: the
+   makespan plan's allotments for the tasks that set the makespan, completion
+   time for the rest. These are made while the time limit lasts.
+7. Improvement: adjacent swaps in the priority order, kept when they lower
    the objective, while the evaluation budget lasts.
 
 Deterministic for given inputs (no clock decides anything but the budget's
@@ -310,6 +316,8 @@ def completion_search(
         seen_choices.add(tuple(ref.option))
         for order in _orders(problem, weights, critical=objective == "online"):
             for decode in (serial_schedule, list_schedule):
+                if time.perf_counter() >= deadline:
+                    break  # the sweep above is always done; these candidates only within the limit
                 evaluated += 1
                 try:
                     sched = decode(problem, ref.option, order)
@@ -334,6 +342,8 @@ def completion_search(
             for keep in modes:
                 for order in _orders(problem, weights, critical=True):
                     for e, cap in rules:
+                        if time.perf_counter() >= deadline:
+                            break
                         evaluated += 1
                         try:
                             sched = completion_schedule(problem, order, e, keep_running=keep, cap=cap,

@@ -163,6 +163,7 @@ class SaturnPolicy(Policy):
                 f"objective {self.options.objective!r} does not yet plan shares of one GPU or GPU types; "
                 "use objective 'makespan' (the default) for profiles with gpus < 1 or gpu_type"
             )
+        t0 = time.perf_counter()
         reference = [
             get_policy(name).solve(problem, bound, time_limit_s=0, seed=seed).schedule for name in SEED_BASELINES
         ]
@@ -184,7 +185,9 @@ class SaturnPolicy(Policy):
                 reference.append(mk.solve(problem, bound, time_limit_s=0.5 * time_limit_s, seed=seed).schedule)
         weights = task_weights(problem.profile, problem.tasks)
         # Deterministic: the search's own evaluation budget decides; the clock is only a safety net.
-        limit = max(10.0, SAFETY_FACTOR * time_limit_s) if self.deterministic else time_limit_s
+        # Otherwise the search has what is left of the limit (the makespan references took their share).
+        left = max(0.0, time_limit_s - (time.perf_counter() - t0))
+        limit = max(10.0, SAFETY_FACTOR * time_limit_s) if self.deterministic else left
         found = completion_search(problem, self.options.objective, weights, reference=reference,
                                   area_weight=self.options.area_weight, time_limit_s=limit)
         if on_schedule:
