@@ -6,7 +6,8 @@
   completion time when every weight is 1. Weights come from an optional
   ``weight`` column of the profile (> 0, default 1).
 - ``online``: completion time among plans whose makespan is within
-  :data:`ONLINE_SLACK` of the best makespan found: short jobs first without
+  :data:`ONLINE_SLACK` of the best makespan found (``saturn``: its own makespan
+  search for the same tasks): short jobs first without
   letting the last job finish much later. The default for online use (jobs
   arriving over time, e.g. a Tune search). While jobs arrive, the makespan
   guard is off and a plan's GPU-seconds are priced instead by the wait they
