@@ -5,7 +5,7 @@
 - two wide GPT-style character models (two learning rates, two lengths)
   whose model and Adam state do not fit one (logical) GPU's memory budget,
   so ``single`` and ``ddp`` are ruled out and the planner must shard them
-  (``fsdp``), and
+  (``fsdp``; on nodes of one GPU the budget is lifted, see :func:`demo_setup`), and
 - two small CNNs on generated images (two learning rates, two lengths) that
   fit one GPU,
 
@@ -65,6 +65,8 @@ __all__ = [
     "DEMO_STRATEGIES",
     "DemoError",
     "DemoResult",
+    "DemoSetup",
+    "demo_setup",
     "demo_tasks",
     "plan_baselines",
     "plan_with_baseline",
@@ -139,10 +141,44 @@ class DemoResult:
         }
 
 
-def demo_tasks(scale: float = 1.0, *, steps: int | None = None) -> list[Task]:
+@dataclass(frozen=True)
+class DemoSetup:
+    """What the demo's profile may try on a cluster: strategies, the memory budget per GPU, and why."""
+
+    strategies: tuple[str, ...]
+    memory_gb: float | None
+    note: str = ""
+
+
+def demo_setup(gpus_per_node: int, memory_gb: float = DEMO_MEMORY_GB) -> DemoSetup:
+    """The strategies and memory budget for the demo on nodes of ``gpus_per_node`` (CUDA or logical) GPUs.
+
+    Strategies that need more GPUs than a node has are left out (no warning per task). With one GPU per
+    node the wide GPTs cannot be sharded (and ``spill`` needs an ``nn.Sequential`` model), so the memory
+    budget is lifted and the note says so.
+
+    Example:
+        >>> demo_setup(1)
+        DemoSetup(strategies=('single',), memory_gb=None, note="one GPU per node: ...")
+        >>> demo_setup(4).strategies, demo_setup(4).memory_gb
+        (('single', 'ddp', 'fsdp'), 0.04)
+    """
+    from ray_saturn.strategies import get_strategy
+
+    fits = tuple(s for s in DEMO_STRATEGIES if get_strategy(s).min_gpus <= gpus_per_node)
+    if gpus_per_node < 2:
+        return DemoSetup(fits, None, "one GPU per node: nothing can be sharded, so the GPTs' memory budget is "
+                                     "lifted (give --gpus 2 or more to see them sharded)")
+    return DemoSetup(fits, memory_gb)
+
+
+def demo_tasks(
+    scale: float = 1.0, *, steps: int | None = None, strategies: tuple[str, ...] = DEMO_STRATEGIES
+) -> list[Task]:
     """The demo's workload: 2 wide GPTs that need sharding and 2 small CNNs, of different lengths.
 
-    ``scale`` multiplies every task's steps; ``steps`` gives every task that many instead.
+    ``scale`` multiplies every task's steps; ``steps`` gives every task that many instead; ``strategies``
+    are the ones the profiler may try (see :func:`demo_setup`).
     """
     scale = number(scale, "scale (a factor of every task's steps)", low=0, low_open=True, error=DemoError)
 
@@ -151,11 +187,11 @@ def demo_tasks(scale: float = 1.0, *, steps: int | None = None) -> list[Task]:
 
     tasks = [
         gpt_task(width=256, depth=4, heads=4, context=32, batch_size=8, lr=lr, max_steps=n("gpt", i),
-                 strategies=DEMO_STRATEGIES)
+                 strategies=strategies)
         for i, lr in enumerate((1e-3, 3e-3))
     ]
     tasks += [
-        cnn_task(channels=8, lr=lr, max_steps=n("cnn", i), strategies=DEMO_STRATEGIES)
+        cnn_task(channels=8, lr=lr, max_steps=n("cnn", i), strategies=strategies)
         for i, lr in enumerate((3e-3, 1e-2))
     ]
     return tasks
@@ -240,15 +276,20 @@ def run_demo(
     out = Path(out_dir).resolve()
     run_dir = out / "run"
     out.mkdir(parents=True, exist_ok=True)
-    tasks = demo_tasks(scale, steps=steps)
     with local_ray(lg):
         cluster = ClusterSpec.from_ray()
-        console.print(f"Profiling {len(tasks)} tasks ({', '.join(DEMO_STRATEGIES)}; memory budget "
-                      f"{1000 * memory_gb:.0f} MB per GPU) on {cluster.total_gpus} GPUs ...")
+        setup = demo_setup(max(n.gpus for n in cluster.nodes), memory_gb)
+        tasks = demo_tasks(scale, steps=steps, strategies=setup.strategies)
+        budget = f"memory budget {1000 * setup.memory_gb:.0f} MB per GPU" if setup.memory_gb else "no memory budget"
+        if setup.note:
+            console.print(f"Note: {setup.note}.")
+        console.print(f"Profiling {len(tasks)} tasks ({', '.join(setup.strategies)}; {budget}) "
+                      f"on {cluster.total_gpus} GPUs ...")
         # The profile store caches measurements by performance signature: a second demo run skips them.
         store = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ray_saturn" / DEMO_PROFILE_STORE
         store.parent.mkdir(parents=True, exist_ok=True)
-        profile = profile_fn(tasks, cluster, store=str(store), memory_limit_gb=memory_gb, warmup=1, steps=3)
+        profile = profile_fn(tasks, cluster, store=str(store), memory_limit_gb=setup.memory_gb, warmup=1,
+                             steps=3)
         profile.write(out / PROFILE_FILE)
         # The run's own plans stop within its solver gap; the plan shown is made the same way.
         planned = solve(profile, cluster, solver_policy("saturn", gap=RUN_SOLVER_GAP), time_limit_s=5.0)

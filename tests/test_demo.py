@@ -10,7 +10,16 @@ import pytest
 import torch
 
 from ray_saturn import ClusterSpec, ProfileTable
-from ray_saturn.demo import DEMO_STRATEGIES, DemoResult, demo_tasks, plan_with_baseline, watch_progress
+from ray_saturn.demo import (
+    DEMO_MEMORY_GB,
+    DEMO_STRATEGIES,
+    DemoResult,
+    DemoSetup,
+    demo_setup,
+    demo_tasks,
+    plan_with_baseline,
+    watch_progress,
+)
 from ray_saturn.report import ReportError, RunReport, explain, gantt_png, render
 from ray_saturn.runtime.journal import STATE_FILE
 from ray_saturn.solver import build_problem, lower_bound
@@ -166,3 +175,13 @@ def test_demo_json_has_the_fields_and_says_why_realised_differs(tmp_path):
     assert {k: t0[k] for k in ("strategy", "gpus", "start_s", "end_s", "final_loss")} == {
         "strategy": "single", "gpus": 1, "start_s": 0.0, "end_s": 12.0, "final_loss": 1.5}
     assert json.loads(json.dumps(out)) == out
+
+
+def test_demo_setup_lets_one_gpu_run_the_demo():
+    """One GPU per node (CUDA or logical): nothing can shard the GPTs, so the budget is lifted and the note
+    says so, and only the strategies that run on one GPU are tried; more GPUs: as before."""
+    one = demo_setup(gpus_per_node=1)
+    assert one.memory_gb is None and "budget is lifted" in one.note
+    assert one.strategies == ("single",)  # ddp and fsdp need 2 GPUs: not tried, not warned about
+    assert demo_setup(gpus_per_node=2) == DemoSetup(DEMO_STRATEGIES, DEMO_MEMORY_GB)
+    assert all(t.strategies == ("single",) for t in demo_tasks(strategies=one.strategies))
