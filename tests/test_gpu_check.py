@@ -47,3 +47,23 @@ def test_cpu_rehearsal_checks_every_strategy(tmp_path):
     offload = [r for r in rows if r["strategy"] == "fsdp" and '"cpu_offload":true' in r["knobs"]]
     assert offload and all(r["verdict"] == "infeasible" and "needs a CUDA device" in r["note"] for r in offload)
     assert "gpu_check took" in proc.stdout
+    assert "SGD + momentum" in proc.stdout  # Adam's updates part two correct runs (see the script's docstring)
+
+
+def test_the_demo_command_is_one_the_cli_takes(tmp_path, monkeypatch):
+    """The demo step's arguments parse with ray-saturn's own parser (the first GPU run found
+    ``--steps``, which the CLI never had: the rehearsal skips the demo)."""
+    import argparse
+    import importlib.util
+
+    from ray_saturn.cli import build_parser
+
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    gpu_check = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_check", gpu_check)  # its dataclasses look their module up
+    spec.loader.exec_module(gpu_check)
+    argv = gpu_check.demo_argv(argparse.Namespace(demo_scale=0.5), 1, str(tmp_path / "demo"))
+    args = build_parser().parse_args(argv)
+    assert args.command == "demo" and args.gpus == 1 and args.scale == 0.5 and args.json
+    proc = _run("--cpu", "--demo-scale", "0")
+    assert proc.returncode == 2 and "--demo-scale is 0.0; it must be > 0" in proc.stderr
