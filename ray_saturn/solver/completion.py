@@ -45,7 +45,8 @@ the objective (:mod:`ray_saturn.solver.objective`):
    the large tasks (each >= :data:`LARGE_SHARE` of the least GPU-seconds) held
    at a reference's GPU counts while the others are planned as in 2-3: the
    makespan plan's allotments for the tasks that set the makespan, completion
-   time for the rest. These are made while the time limit lasts.
+   time for the rest. These are made within :data:`EXTRA_WORK` task placements
+   and the time limit.
 7. Improvement: adjacent swaps in the priority order, kept when they lower
    the objective, while the evaluation budget lasts.
 
@@ -78,6 +79,9 @@ FILL_SPAN = 4.0
 #: ``online`` with the makespan guard on: a task holding at least this share of the least GPU-seconds
 #: of all tasks is large (it keeps a makespan reference's GPU count in some candidates).
 LARGE_SHARE = 0.1
+#: Candidates from the reference plans (step 6): at most EXTRA_WORK / tasks decodings, at least EXTRA_MIN.
+EXTRA_WORK = 20_000
+EXTRA_MIN = 60
 #: Decodings of the improvement phase per candidate family (the sweep is always done).
 IMPROVE_EVALS = 60
 
@@ -309,16 +313,26 @@ def completion_search(
                 cands.append((sched, order, (e, cap), keep))
     # Each reference plan's GPU counts, in the priority orders: a makespan plan's allotments with
     # the short tasks first often keep its makespan and end the others much sooner.
+    # These candidates are made within a budget of decodings (about EXTRA_WORK task placements, so
+    # a big problem gets fewer; deterministic) and the time limit; the sweep above is always done.
+    extra_budget = max(EXTRA_MIN, EXTRA_WORK // max(1, problem.num_tasks))
+    extra = 0
+
+    def more() -> bool:
+        return extra < extra_budget and time.perf_counter() < deadline
+
+    refs = sorted(reference, key=lambda r: r.makespan)  # the best makespan's allotments first
     seen_choices = set()
-    for ref in reference if objective != "online" or area_weight <= 0 else ():
+    for ref in refs if objective != "online" or area_weight <= 0 else ():
         if tuple(ref.option) in seen_choices:
             continue
         seen_choices.add(tuple(ref.option))
         for order in _orders(problem, weights, critical=objective == "online"):
             for decode in (serial_schedule, list_schedule):
-                if time.perf_counter() >= deadline:
-                    break  # the sweep above is always done; these candidates only within the limit
+                if not more():
+                    break
                 evaluated += 1
+                extra += 1
                 try:
                     sched = decode(problem, ref.option, order)
                 except InfeasibleError:
@@ -334,7 +348,7 @@ def completion_search(
         least = [min(o.area for o in opts) for opts in problem.options]
         large = [t for t in range(problem.num_tasks) if least[t] >= LARGE_SHARE * sum(least)]
         seen_large = set()
-        for ref in reference if large else ():
+        for ref in refs if large else ():
             fixed = {t: ref.option[t] for t in large}
             if tuple(fixed.values()) in seen_large:
                 continue
@@ -342,9 +356,10 @@ def completion_search(
             for keep in modes:
                 for order in _orders(problem, weights, critical=True):
                     for e, cap in rules:
-                        if time.perf_counter() >= deadline:
+                        if not more():
                             break
                         evaluated += 1
+                        extra += 1
                         try:
                             sched = completion_schedule(problem, order, e, keep_running=keep, cap=cap,
                                                         pause=pause, fixed=fixed)
