@@ -84,6 +84,8 @@ def main() -> None:
         except ConnectionError:
             ray.init(num_gpus=args.gpus, include_dashboard=False)
     max_gpus = int(max(n["Resources"].get("GPU", 0) for n in ray.nodes() if n["Alive"]))
+    for w in widths:  # measured now, so that estimate (called inside Tune's event loop) only looks them up
+        measured_step_s(w)
     scheduler = SaturnScheduler(
         functools.partial(estimate, steps=steps, max_gpus=max_gpus),
         base_scheduler=ASHAScheduler(time_attr="training_iteration", max_t=steps // 10, grace_period=1),
@@ -103,7 +105,8 @@ def main() -> None:
     stats = scheduler.stats()
     print(
         f"ray_saturn: {stats.replans} plans, {stats.moves} moves ({stats.resizes_that_changed_size} changed size), "
-        f"longest scheduler hook {stats.max_hook_ms:.0f} ms, restart cost measured {stats.restart_s:.1f} s"
+        f"longest scheduler hook {stats.max_hook_ms:.0f} ms (of which estimate {stats.max_estimate_ms:.0f} ms), "
+        f"restart cost measured {stats.restart_s:.1f} s"
     )
     for r in sorted(grid, key=lambda r: r.metrics.get("loss", float("inf"))):
         d = r.config["_saturn"]

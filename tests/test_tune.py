@@ -492,6 +492,27 @@ def test_estimate_steps_disagreeing_with_the_task_warn_at_the_first_result(fake_
     assert "'lr': 0.1" in caplog.text
 
 
+def test_a_slow_estimate_is_warned_about_once_and_timed(fake_tune, no_background, caplog, monkeypatch):
+    """The user's estimate runs inside on_trial_add: Tune waits for it. A slow one is named once, with the fix."""
+    import ray_saturn.tune._scheduler as sched
+
+    monkeypatch.setattr(sched, "SLOW_ESTIMATE_MS", 20.0)
+
+    def slow(config):
+        time.sleep(0.05)
+        return scaling(config)
+
+    s = SaturnScheduler(slow, cluster=ClusterSpec.uniform(1, 4), clock=Clock())
+    tune = fake_tune(s)
+    with caplog.at_level(logging.WARNING):
+        tune.add("a", {"steps": 100, "lr": 0.1})
+        tune.add("b", {"steps": 100, "lr": 0.2})
+    assert caplog.text.count("inside Tune's on_trial_add") == 1
+    assert "'lr': 0.1" in caplog.text and "before Tuner.fit()" in caplog.text
+    stats = s.stats()
+    assert stats.max_estimate_ms >= 50.0 and stats.hook_ms["on_trial_add"] >= stats.max_estimate_ms
+
+
 def test_profile_table_rows_are_taken_as_they_are_with_knobs(fake_tune, no_background):
     table = ProfileTable.from_rows(
         [

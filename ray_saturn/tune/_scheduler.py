@@ -72,6 +72,8 @@ logger = logging.getLogger(__name__)
 DECISION_KEY = "_saturn"
 #: The least wall time between two re-plans (a hook re-plans at most once; a re-plan costs a quick plan).
 HOOK_REPLAN_GAP_S = 0.25
+#: An estimate call longer than this (ms) is warned about once: Tune's event loop waits for it.
+SLOW_ESTIMATE_MS = 1000.0
 #: Tune retries are Tune's to decide (FailureConfig); the controller never gives up on its own.
 _NO_LIMIT = 10**9
 
@@ -124,7 +126,8 @@ class SchedulerStats:
     (``on_trial_add``/``_result``/``_complete``/``_error``/``_remove`` and
     ``choose_trial_to_run``), ``hook_ms`` the longest per hook; ``setup_ms``
     the one-off set-up in ``set_search_properties`` (before any trial: it
-    starts the background planner).
+    starts the background planner). ``max_estimate_ms`` is the longest call of
+    the user's ``estimate`` (inside ``on_trial_add``, so also in its hook time).
     """
 
     trials: int
@@ -139,6 +142,7 @@ class SchedulerStats:
     setup_ms: float
     hook_calls: int
     planner: dict[str, float]
+    max_estimate_ms: float = 0.0
     #: every measured launch latency (release to first result, less the steps trained), seconds
     launch_latencies_s: list[float] = field(default_factory=list)
 
@@ -294,6 +298,7 @@ class SaturnScheduler(TrialScheduler):
         self._alone_latencies: list[float] = []  # launches no other launch overlapped: what a move costs
         self._stop_costs: list[float] = []
         self._hook_ms: dict[str, float] = {}
+        self._estimate_ms = 0.0
         self._setup_ms = 0.0
         self._hook_calls = 0
         self._max_in_use = 0
@@ -334,6 +339,7 @@ class SaturnScheduler(TrialScheduler):
             setup_ms=self._setup_ms,
             hook_calls=self._hook_calls,
             planner=self._planner.stats.to_dict(),
+            max_estimate_ms=self._estimate_ms,
             launch_latencies_s=[round(x, 3) for x in self._latencies],
         )
 
@@ -371,8 +377,8 @@ class SaturnScheduler(TrialScheduler):
             self._now()  # the clock starts at the first trial
             try:
                 st.rows = trial_rows(
-                    self._estimate(config), max_gpus_per_node=self._max_gpus_per_node(), registered=self._strategies,
-                    gpu_types=self._cluster_spec().gpu_types
+                    self._timed_estimate(config), max_gpus_per_node=self._max_gpus_per_node(),
+                    registered=self._strategies, gpu_types=self._cluster_spec().gpu_types
                 )
             except TrialRejected as exc:
                 st.rejected = str(exc)
@@ -776,6 +782,21 @@ class SaturnScheduler(TrialScheduler):
             cost += statistics.median(self._stop_costs)
         if self._ctl is not None:
             self._ctl.set_restart_cost(cost)
+
+    def _timed_estimate(self, config: Mapping[str, Any]) -> Any:
+        """The user's estimate for ``config``; one warning the first time a call holds Tune's loop too long."""
+        t0 = time.perf_counter()
+        try:
+            return self._estimate(config)
+        finally:
+            ms = 1000 * (time.perf_counter() - t0)
+            if ms > SLOW_ESTIMATE_MS and self._estimate_ms <= SLOW_ESTIMATE_MS:
+                logger.warning(
+                    "the estimate for config %s took %.1f s inside Tune's on_trial_add, and Tune's event loop waited "
+                    "for it: measure or load what it needs before Tuner.fit() and let estimate only look it up",
+                    _short(dict(config)), ms / 1000,
+                )
+            self._estimate_ms = max(self._estimate_ms, ms)
 
     @contextlib.contextmanager
     def _hook(self, name: str) -> Iterator[None]:
