@@ -86,25 +86,35 @@ def _run_files(root: Path) -> list[str]:
     return out
 
 
-def _ours_running() -> bool:
-    """Whether a process of the killed run (driver actor, Train controller or worker) still runs."""
+def _ours_running(scratch: Path) -> list[str]:
+    """The processes of the killed run (driver actor, Train controller or workers) that still run: Ray
+    workers of this test's cluster (their ``TMPDIR`` is under ``scratch``), not of an earlier test's."""
     import psutil
 
-    for p in psutil.process_iter(["cmdline"]):
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
         title = " ".join(p.info["cmdline"] or [])
-        if title.startswith("ray::") and any(k in title for k in ("DriverActor", "Train", "train_fn")):
-            return True
-    return False
+        if not title.startswith("ray::") or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        if not any(k in title for k in ("DriverActor", "Train", "train_fn")):
+            continue
+        try:
+            tmp = p.environ().get("TMPDIR", "")
+        except (psutil.Error, OSError):
+            continue
+        if tmp.startswith(str(scratch)):
+            out.append(f"{p.pid} {title[:80]}")
+    return out
 
 
-def _wait(pred, what: str, budget_s: float = 240.0):
+def _wait(pred, what: str, budget_s: float = 240.0, show=None):
     deadline = time.monotonic() + budget_s
     while time.monotonic() < deadline:
         got = pred()
         if got:
             return got
         time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}" + (f": {show()}" if show is not None else ""))
 
 
 def test_s3_run_moves_nodes_survives_a_killed_driver_and_writes_nothing_local(s3, tmp_path):  # noqa: F811
@@ -160,10 +170,12 @@ def test_s3_run_moves_nodes_survives_a_killed_driver_and_writes_nothing_local(s3
                 return st if st.get("short", {}).get("state") == "finished" and step >= 3 * EVERY else None
 
             _wait(mid_way, "the short task to finish and the long one to checkpoint 3 times")
+            assert _ours_running(scratch), "the run's Ray processes are not seen (so their end could not be)"
             # 2. kill the driver: the CLI process (its job owns the driver actor and the trainers).
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)
-            _wait(lambda: not _ours_running(), "Ray to end the dead job's driver actor and trainers")
+            _wait(lambda: not _ours_running(scratch), "Ray to end the dead job's driver actor and trainers",
+                  show=lambda: _ours_running(scratch))
             at_death = store.read_json(STATE_FILE)["tasks"]
             assert at_death["long"]["nodes"] == [node_a_name]
             steps_at_death = at_death["long"]["steps_done"]

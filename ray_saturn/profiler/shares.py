@@ -14,7 +14,9 @@ configuration (a share is a one-process job) on ``gpus`` = 1/k:
 - **k copies at once.** One placement group of one ``{"GPU": 1}`` bundle, and
   in it k actors of ``num_gpus=1/k``: Ray gives them all the same device (on
   the CPU, the same logical GPU). Each copy builds the model with the knobs of
-  the whole-GPU ``single`` row, runs the warm-up steps and reports ready;
+  the whole-GPU ``single`` row, runs the warm-up steps and reports ready
+  (the processes' start-up has its own budget, ``STARTUP_TIMEOUT_S``; the
+  hang timeout counts from there);
   once every copy is ready they all start timing at the same wall-clock
   moment and step for the same window (long enough for about ``steps`` steps
   each at k times the whole-GPU step time, at least ``min_measure_s``). A
@@ -84,6 +86,9 @@ SHARE_STRATEGY = "single"
 START_MARGIN_S = 0.5
 #: The timed window is this many times k x steps x the whole-GPU step time (room for slowdowns).
 WINDOW_SLACK = 1.5
+#: Least seconds a copy's process may take to start (a Ray worker and torch's import) before it is
+#: given up on; not counted against the hang timeout, which is for the job's own steps.
+STARTUP_TIMEOUT_S = 300.0
 
 
 def check_shares(shares: Iterable[int] | None) -> tuple[int, ...]:
@@ -198,6 +203,14 @@ class _CopyWorker:
         self._stream = None
         self._peak_gb = 0.0
         self._device = None
+
+    def ready(self) -> bool:
+        """The process is up with torch and the strategies imported (start-up, not the job's time)."""
+        import torch  # noqa: F401
+
+        import ray_saturn.strategies  # noqa: F401
+
+        return True
 
     def warm(self, task: Task, knobs: Mapping[str, Any], warmup: int) -> float | None:
         """Build the model, run the untimed warm-up steps; returns the device's memory (GB)."""
@@ -327,12 +340,28 @@ def _run_batch(
     trials = [_ShareTrial(s) for s in specs]
     outcomes = [ShareOutcome(s) for s in specs]
     try:
-        warm_refs: dict[int, list[Any]] = {}
+        started: list[int] = []
         for i, (trial, o) in enumerate(zip(trials, outcomes, strict=True)):
             try:
                 trial.create(placement_timeout_s)
+                started.append(i)
             except Exception as exc:
                 o.reason = str(exc) if isinstance(exc, TimeoutError) else f"copies failed to start: {_first_line(exc)}"
+        # Process start-up (a worker, torch's import) has its own budget: on a loaded node it can take
+        # longer than a hang timeout meant for the job's own steps.
+        ready_refs = {i: [a.ready.remote() for a in trials[i].actors] for i in started}
+        warm_refs: dict[int, list[Any]] = {}
+        for i, refs in ready_refs.items():
+            trial = trials[i]
+            try:
+                ray.get(refs, timeout=max(placement_timeout_s, STARTUP_TIMEOUT_S))
+            except ray.exceptions.GetTimeoutError:
+                outcomes[i].reason = (
+                    f"the copies' processes did not start within {max(placement_timeout_s, STARTUP_TIMEOUT_S):g} s"
+                )
+                continue
+            except Exception as exc:
+                outcomes[i].reason = f"copies failed to start: {_first_line(exc)}"
                 continue
             warm_refs[i] = [
                 a.warm.remote(trial.spec.task, trial.spec.knobs, int(measure_kw.get("warmup", 2)))
