@@ -353,6 +353,9 @@ def test_move_when_gain_beats_measured_restart_and_only_after_tune_paused(
     clock.t += 5.0
     assert tune.result("a", 40, 0.3) == "CONTINUE"
     assert s.controller.state("a").steps_done == 40
+    # The restart's start-up is measured from the step it resumed at (24, where Tune paused it), not
+    # the step when the move was decided (20): 5 s less 16 steps x 0.3 s.
+    assert s.stats().launch_latencies_s[-1] == pytest.approx(0.2)
 
 
 def test_restart_cost_is_measured_on_launches_no_other_launch_overlapped(fake_tune, inline_background):

@@ -655,7 +655,10 @@ class SaturnScheduler(TrialScheduler):
             in_flight = [o for o in self._trials.values() if o.released_at is not None and o is not st]
             for o in in_flight:
                 o.launch_crowd += 1
-            st.released_at, st.steps_at_release, st.launch_crowd = now, launch.steps_done, len(in_flight)
+            # It resumes from its newest checkpoint: a moved trial trains on until Tune pauses it, past the
+            # step the controller's launch was decided at (counting those steps would make its start-up 0).
+            resume_at = max(launch.steps_done, st.steps_done)
+            st.released_at, st.steps_at_release, st.launch_crowd = now, resume_at, len(in_flight)
             self._held[launch.task] = (node, gpus)
             self._held_at[launch.task] = pl
             self.gpu_events.append(GpuEvent(now, launch.task, node, gpus, "start"))
