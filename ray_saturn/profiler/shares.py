@@ -349,16 +349,15 @@ def _run_batch(
                 o.reason = str(exc) if isinstance(exc, TimeoutError) else f"copies failed to start: {_first_line(exc)}"
         # Process start-up (a worker, torch's import) has its own budget: on a loaded node it can take
         # longer than a hang timeout meant for the job's own steps.
+        startup_s = max(placement_timeout_s, STARTUP_TIMEOUT_S)
         ready_refs = {i: [a.ready.remote() for a in trials[i].actors] for i in started}
         warm_refs: dict[int, list[Any]] = {}
         for i, refs in ready_refs.items():
             trial = trials[i]
             try:
-                ray.get(refs, timeout=max(placement_timeout_s, STARTUP_TIMEOUT_S))
+                ray.get(refs, timeout=startup_s)
             except ray.exceptions.GetTimeoutError:
-                outcomes[i].reason = (
-                    f"the copies' processes did not start within {max(placement_timeout_s, STARTUP_TIMEOUT_S):g} s"
-                )
+                outcomes[i].reason = f"the copies' processes did not start within {startup_s:g} s"
                 continue
             except Exception as exc:
                 outcomes[i].reason = f"copies failed to start: {_first_line(exc)}"
