@@ -238,3 +238,14 @@ def test_copies_share_one_device_and_a_failing_or_hanging_copy_is_a_reason(ray_l
     assert ok.mean_step_s <= ok.step_time_s and ok.device_mem_gb > 0 and ok.cost_gpu_s > 0
     assert not raises.feasible and "a copy failed: RuntimeError: toy model failure" in raises.reason
     assert not hangs.feasible and hangs.reason == "hung: the copies were not warm within 6 s; killed"
+
+
+@pytest.mark.ray
+def test_copies_whose_processes_do_not_start_in_time_are_a_reason(ray_local, monkeypatch):
+    from ray_saturn.profiler import shares
+
+    monkeypatch.setattr(shares, "STARTUP_TIMEOUT_S", 0.001)  # no Ray worker starts within a millisecond
+    (out,) = run_shares([ShareSpec(mlp_task("slow-start"), "s9", 2, {}, 0.001)], {"warmup": 1, "steps": 3},
+                        timeout_s=6.0, placement_timeout_s=30.0)
+    assert not out.feasible and out.reason == "the copies' processes did not start within 0.001 s"
+    assert out.copies == [] and out.cost_gpu_s > 0

@@ -86,7 +86,7 @@ SHARE_STRATEGY = "single"
 START_MARGIN_S = 0.5
 #: The timed window is this many times k x steps x the whole-GPU step time (room for slowdowns).
 WINDOW_SLACK = 1.5
-#: Least seconds a copy's process may take to start (a Ray worker and torch's import) before it is
+#: Seconds a copy's process may take to start (a Ray worker and torch's import) before it is
 #: given up on; not counted against the hang timeout, which is for the job's own steps.
 STARTUP_TIMEOUT_S = 300.0
 
@@ -349,7 +349,7 @@ def _run_batch(
                 o.reason = str(exc) if isinstance(exc, TimeoutError) else f"copies failed to start: {_first_line(exc)}"
         # Process start-up (a worker, torch's import) has its own budget: on a loaded node it can take
         # longer than a hang timeout meant for the job's own steps.
-        startup_s = max(placement_timeout_s, STARTUP_TIMEOUT_S)
+        startup_s = STARTUP_TIMEOUT_S
         ready_refs = {i: [a.ready.remote() for a in trials[i].actors] for i in started}
         warm_refs: dict[int, list[Any]] = {}
         for i, refs in ready_refs.items():
