@@ -104,6 +104,24 @@ def test_node_lost_requeues_its_tasks_and_replans_without_it():
         ctl.handle(NodeLost(time_s=101.0, node=lost))
 
 
+def test_a_task_ended_as_done_between_segments_finishes_and_one_never_run_cannot():
+    # A Tune scheduler may stop a trial early while it waits between segments (paused for a move):
+    # that is a finish, holding no GPUs, not a failure.
+    prof = _rows(("a", 100, [(2, 1.0)]), ("b", 100, [(2, 1.0)]), ("c", 100, [(2, 1.0)]))
+    ctl, _ = _checked_controller(prof, ClusterSpec.uniform(2, 2), "saturn-static")
+    launched = {a.task: a.placement.nodes[0] for a in ctl.start(0.0)}
+    assert set(launched) == {"a", "b"}
+    with pytest.raises(SaturnError, match="not running"):
+        ctl.handle(TaskFinished(time_s=10.0, task="c"))  # queued, never ran
+    ctl.handle(NodeLost(time_s=50.0, node=launched["a"], steps_done={"a": 40}))
+    assert ctl.state("a").state is TaskState.QUEUED and ctl.state("a").segments
+    free = ctl.free_gpus()
+    assert ctl.handle(TaskFinished(time_s=60.0, task="a")) == []
+    a = ctl.state("a")
+    assert a.state is TaskState.FINISHED and a.finished_s == 60.0 and a.failures == 0
+    assert ctl.free_gpus() == free and "a" not in ctl.planned
+
+
 def test_node_added_is_used_by_the_replanning_policy_only():
     prof = _rows(("a", 100, [(1, 1.0)]), ("b", 100, [(1, 1.0)]))
     for policy, expect in (("saturn-static", []), ("saturn-replan", ["b"])):

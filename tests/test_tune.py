@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from ray_saturn import ClusterSpec, ProfileTable
+from ray_saturn.control import TaskState
 from ray_saturn.tune import (
     SaturnScheduler,
     TrialRejected,
@@ -419,6 +420,34 @@ def test_a_trial_stopped_to_wait_for_more_gpus_is_held_and_released_when_they_fr
         ("long", -2, "moved"), ("short", -2, "finished"), ("long", 4, "start")
     ]
     assert _in_use(s.gpu_events)[1] <= 4
+
+
+def test_a_trial_the_base_scheduler_stops_while_it_waits_to_move_is_finished_not_failed(
+    fake_tune, inline_background, caplog
+):
+    # ASHA may stop a trial at the result where it is paused for a move that waits for busy GPUs:
+    # Tune reports it completed while ray_saturn has it queued. That is a finish, not "failed ... giving up".
+    clock = Clock()
+    s = SaturnScheduler(wider_later, cluster=ClusterSpec.uniform(1, 4), restart_s=10.0, clock=clock)
+    tune = fake_tune(s)
+    tune.add("long", {"kind": "long", "steps": 1000}), tune.add("short", {"kind": "short", "steps": 200})
+    assert sorted(tune.step()) == ["long", "short"]
+    for t in range(10, 90, 10):
+        clock.t = float(t)
+        tune.result("long", t // 2, 2.0), tune.result("short", t, 1.0)
+        tune.step()
+    clock.t += 0.5
+    tune.step()
+    assert [m.trial for m in s.moves] == ["long"] and s.controller.state("long").state is TaskState.QUEUED
+    with caplog.at_level(logging.INFO, logger="ray_saturn"):
+        tune.complete("long")  # stopped by the base scheduler at its next result
+        assert tune.step() == []
+    long = s.controller.state("long")
+    assert long.state is TaskState.FINISHED and long.failures == 0 and not long.reason
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    clock.t = 200.0
+    tune.complete("short")
+    assert tune.step() == [] and s.controller.done and _in_use(s.gpu_events)[0] == 0
 
 
 def test_bad_configs_error_their_trial_and_the_search_goes_on(fake_tune, no_background, caplog):

@@ -495,7 +495,7 @@ class Controller:
             return f"{ev.task} arrived"
         if isinstance(ev, TaskFinished):
             p = self.state(ev.task)
-            if p.state is not TaskState.RUNNING:
+            if not p.can_finish:
                 raise SaturnError(f"task {ev.task!r} finished but it is {p.state.value}, not running")
             p.steps_done = p.total_steps
             self._close(p, ev.time_s, "finished")

@@ -54,7 +54,8 @@ class TaskArrived(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class TaskFinished(Event):
-    """``task`` ran all its steps; its GPUs are free."""
+    """``task`` ran all its steps, or its driver ended it as done (a Tune scheduler's early stop),
+    also between segments (stopped for a move, not yet started again); its GPUs are free."""
 
     task: str
     kind: ClassVar[str] = "task_finished"

@@ -268,6 +268,12 @@ class TaskProgress:
         return max(0, self.total_steps - self.steps_done)
 
     @property
+    def can_finish(self) -> bool:
+        """Whether a ``TaskFinished`` may end it: it runs, or it ran and waits between segments (its
+        driver may end it there as done, e.g. a Tune scheduler's early stop of a trial paused for a move)."""
+        return self.state is TaskState.RUNNING or (self.state is TaskState.QUEUED and bool(self.segments))
+
+    @property
     def running_segment(self) -> Segment | None:
         if self.state is TaskState.RUNNING and self.segments:
             return self.segments[-1]

@@ -573,9 +573,10 @@ class SaturnScheduler(TrialScheduler):
         st = self._trials[tid]
         if not st.in_controller or self._ctl is None:
             return None
-        state = self._ctl.state(tid).state
-        if finished and state is TaskState.RUNNING:
-            return TaskFinished(time_s=now, task=tid)
+        p = self._ctl.state(tid)
+        state = p.state
+        if finished and p.can_finish:
+            return TaskFinished(time_s=now, task=tid)  # also one the base scheduler stopped while it was moved
         if state in (TaskState.RUNNING, TaskState.QUEUED):
             return TaskFailed(time_s=now, task=tid, reason=reason, steps_done=st.steps_done, final=not retry)
         return None
