@@ -574,10 +574,9 @@ class SaturnScheduler(TrialScheduler):
         if not st.in_controller or self._ctl is None:
             return None
         p = self._ctl.state(tid)
-        state = p.state
         if finished and p.can_finish:
             return TaskFinished(time_s=now, task=tid)  # also one the base scheduler stopped while it was moved
-        if state in (TaskState.RUNNING, TaskState.QUEUED):
+        if p.state in (TaskState.RUNNING, TaskState.QUEUED):
             return TaskFailed(time_s=now, task=tid, reason=reason, steps_done=st.steps_done, final=not retry)
         return None
 
