@@ -343,9 +343,9 @@ def summarize(paths: list[str]) -> int:
               f"moves {s['moves']} ({s['resizes_that_changed_size']} changed size); max hook {s['max_hook_ms']} ms")
     ratios = [s["search_time_s"] / b for _, s, _, b in rows]
     mean = statistics.mean(ratios)
-    se = statistics.stdev(ratios) / math.sqrt(len(ratios)) if len(ratios) > 1 else float("nan")
+    se = f"{statistics.stdev(ratios) / math.sqrt(len(ratios)):.3f}" if len(ratios) > 1 else "- (one run)"
     of_means = statistics.mean(s["search_time_s"] for _, s, _, _ in rows) / statistics.mean(b for *_, b in rows)
-    print(f"{len(rows)} runs: saturn / better plain Tune per run: mean {mean:.3f} (standard error {se:.3f}), "
+    print(f"{len(rows)} runs: saturn / better plain Tune per run: mean {mean:.3f} (standard error {se}), "
           f"min {min(ratios):.3f}, max {max(ratios):.3f}; mean saturn / mean better plain: {of_means:.3f}")
     return 0
 

@@ -34,6 +34,9 @@ def test_summary_gives_per_run_ratios_their_mean_and_the_ratio_of_means(tmp_path
     assert "ratio 0.800" in out and "ratio 1.200" in out
     assert "mean 1.000 (standard error 0.200)" in out
     assert "mean saturn / mean better plain: 1.000" in out
+    assert tune_benchmark.summarize([a]) == 0
+    out = capsys.readouterr().out
+    assert "1 runs: saturn / better plain Tune per run: mean 0.800 (standard error - (one run))" in out
 
 
 def test_summary_of_a_file_that_is_not_a_run_is_a_one_line_error(tmp_path, capsys):
