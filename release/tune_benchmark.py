@@ -36,6 +36,11 @@ Usage:
     python release/tune_benchmark.py sweep.csv ... --seed S --details runs/seed-S.json   # one per seed
     python release/tune_benchmark.py --summarize runs/seed-*.json
 
+``--stops fixed`` replaces ASHA by a scheduler that stops every trial at a
+report fixed by its config alone (:func:`fixed_quota`: the rungs synchronous
+successive halving over the population would let it reach), so the three runs
+train exactly the same reports and the ratio is the scheduling's alone.
+
 One run per seed is not a verdict: ASHA's promotions depend on the order in
 which results arrive, so the same seed gives plain Tune search times 1.7x
 apart from one invocation to the next. ``--summarize`` takes the
@@ -110,6 +115,38 @@ def estimate_rows(table: ProfileTable, task: str, gpus_per_node: int, time_scale
 def curve(config: dict[str, Any], report: int, reports: int) -> float:
     floor = 0.1 + 0.8 * float(config["quality"])
     return floor + (1.0 - floor) * math.exp(-3.0 * report / reports)
+
+
+def fixed_quota(quality: float, reports: int, reduction_factor: int) -> int:
+    """Reports a trial of this ``quality`` trains under ``--stops fixed``: halving on the population, not the order.
+
+    Qualities are uniform on [0, 1) and a lower one is a better curve at every
+    report (curves never cross), so synchronous successive halving over the
+    whole population keeps the best ``1 / rf**j`` of trials at rung ``rf**j``:
+    a trial reaches that rung when ``quality < rf**-j``. Past the last rung
+    below ``reports`` it trains to the end, as ASHA's promoted trials do.
+
+    Example:
+        >>> [fixed_quota(q, 16, 2) for q in (0.7, 0.3, 0.2, 0.1, 0.05)]
+        [1, 2, 4, 8, 16]
+    """
+    rung, j = 1, 0
+    while rung < reports and quality < reduction_factor ** -(j + 1):
+        j += 1
+        rung = min(reports, reduction_factor**j)
+    return rung
+
+
+def _fixed_stops(reports: int, reduction_factor: int):
+    """A base scheduler that stops each trial at :func:`fixed_quota`, whatever order results come in."""
+    from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+    class FixedStops(FIFOScheduler):
+        def on_trial_result(self, tune_controller, trial, result):
+            quota = fixed_quota(float(trial.config["quality"]), reports, reduction_factor)
+            return TrialScheduler.STOP if int(result["report"]) >= quota else TrialScheduler.CONTINUE
+
+    return FixedStops()
 
 
 def make_trainable(
@@ -249,7 +286,12 @@ def run_search(kind: str, table: ProfileTable, args, rows, steps, storage: str) 
 
     from ray_saturn.tune import SaturnScheduler
 
-    asha = ASHAScheduler(time_attr="report", max_t=args.reports, grace_period=1, reduction_factor=args.reduction_factor)
+    if args.stops == "fixed":
+        base = _fixed_stops(args.reports, args.reduction_factor)
+    else:
+        base = ASHAScheduler(
+            time_attr="report", max_t=args.reports, grace_period=1, reduction_factor=args.reduction_factor
+        )
     tasks = sorted(rows)
     fixed = None if kind.startswith("saturn") else (1 if kind == "plain-1gpu" else args.gpus_per_node)
     trainable = make_trainable(rows, steps, args.time_scale, args.reports, fixed)
@@ -257,7 +299,7 @@ def run_search(kind: str, table: ProfileTable, args, rows, steps, storage: str) 
     if kind.startswith("saturn"):
         saturn = SaturnScheduler(
             lambda config: estimate_rows(table, config["task"], args.gpus_per_node, args.time_scale),
-            base_scheduler=asha,
+            base_scheduler=base,
             objective=kind.partition("@")[2] or args.objective,
             restart_s=args.restart_s,
             cpus_per_trial=CPUS_PER_TRIAL,
@@ -268,7 +310,7 @@ def run_search(kind: str, table: ProfileTable, args, rows, steps, storage: str) 
     else:
         gpus = 1 if kind == "plain-1gpu" else args.gpus_per_node
         trainable = tune.with_resources(trainable, {"cpu": CPUS_PER_TRIAL, "gpu": gpus})
-        scheduler = _timed(asha)
+        scheduler = _timed(base)
     tracker = _gpu_tracker()
     tuner = tune.Tuner(
         trainable,
@@ -298,6 +340,7 @@ def run_search(kind: str, table: ProfileTable, args, rows, steps, storage: str) 
         "max_hook_ms": None,
         "wall_s": round(wall, 2),
         "completed_reports": sum(int(r.metrics.get("report", 0)) for r in grid if r.metrics),
+        "stops": args.stops,
     }
     if saturn is not None:
         saturn.close()
@@ -369,6 +412,9 @@ def main() -> int:
     )
     ap.add_argument("--start-order", default="searcher", choices=("searcher", "plan"),
                     help="saturn's start order (SaturnScheduler(start_order=...))")
+    ap.add_argument("--stops", default="asha", choices=("asha", "fixed"),
+                    help="who stops trials: ASHA (decisions depend on the order results arrive), or 'fixed': "
+                         "each trial stops where halving over the population would stop it (same work in every run)")
     ap.add_argument("--solver-time-limit", type=float, default=0.5, help="saturn's background solve limit (s)")
     ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {', '.join(RUNS)}")
     ap.add_argument("--objective", default="makespan", help=f"saturn's objective ({', '.join(OBJECTIVES)})")

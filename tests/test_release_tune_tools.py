@@ -70,3 +70,15 @@ def test_asha_model_stops_the_worse_of_two_trials_at_the_first_rung():
     # slow better: it goes on to report 4 (8 s); fast, worse but first at rung 1 and 2, stops at rung 4
     # only if slow recorded there first: it did not (fast is there at 4 s, slow at 8 s), so 8 s.
     assert model.search([("fast", 1.0), ("slow", 0.0)], order, width, grow) == pytest.approx(8.0)
+
+
+def test_fixed_stops_keep_the_best_half_at_each_rung_of_the_population_whatever_the_order():
+    quota = tune_benchmark.fixed_quota
+    assert [quota(q, 16, 2) for q in (0.99, 0.5, 0.49, 0.25, 0.2, 0.125, 0.1, 0.0625, 0.01)] == [
+        1, 1, 2, 2, 4, 4, 8, 8, 16]
+    assert quota(0.01, 6, 2) == 6  # past the last rung below max_t a trial trains to the end
+    assert [quota(q, 9, 3) for q in (0.5, 0.3, 0.1)] == [1, 3, 9]
+    # Over a population the fractions reaching each rung are those of synchronous halving.
+    qs = [(i + 0.5) / 64 for i in range(64)]
+    reached = [sum(quota(q, 16, 2) >= r for q in qs) for r in (1, 2, 4, 8, 16)]
+    assert reached == [64, 32, 16, 8, 4]
