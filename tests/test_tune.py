@@ -543,6 +543,24 @@ def test_a_slow_estimate_is_warned_about_once_and_timed(fake_tune, no_background
     assert "'lr': 0.1" in caplog.text and "before Tuner.fit()" in caplog.text
     stats = s.stats()
     assert stats.max_estimate_ms >= 50.0 and stats.hook_ms["on_trial_add"] >= stats.max_estimate_ms
+    # The estimate slept: the hook's longest call was wall time, not the scheduler's CPU.
+    assert stats.hook_cpu_ms["on_trial_add"] < stats.hook_ms["on_trial_add"] - 40.0
+
+
+def test_a_hook_that_computes_shows_its_cpu_time(fake_tune, no_background):
+    """``hook_cpu_ms`` tells a hook's own work from time its thread waited for a core."""
+
+    def busy(config):
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.06:
+            pass
+        return scaling(config)
+
+    s = SaturnScheduler(busy, cluster=ClusterSpec.uniform(1, 4), clock=Clock())
+    fake_tune(s).add("a", {"steps": 100, "lr": 0.1})
+    stats = s.stats()
+    assert stats.hook_cpu_ms["on_trial_add"] >= 60.0
+    assert stats.hook_ms["on_trial_add"] >= stats.hook_cpu_ms["on_trial_add"] - 1.0
 
 
 def test_profile_table_rows_are_taken_as_they_are_with_knobs(fake_tune, no_background):

@@ -128,6 +128,9 @@ class SchedulerStats:
     the one-off set-up in ``set_search_properties`` (before any trial: it
     starts the background planner). ``max_estimate_ms`` is the longest call of
     the user's ``estimate`` (inside ``on_trial_add``, so also in its hook time).
+    ``hook_cpu_ms`` is, per hook, the CPU time of its longest call: what the
+    scheduler computed (garbage collection included); the rest of that call's
+    wall time the thread waited for a core (other processes, the GIL).
     """
 
     trials: int
@@ -145,6 +148,7 @@ class SchedulerStats:
     max_estimate_ms: float = 0.0
     #: every measured launch latency (release to first result, less the steps trained), seconds
     launch_latencies_s: list[float] = field(default_factory=list)
+    hook_cpu_ms: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
@@ -298,6 +302,7 @@ class SaturnScheduler(TrialScheduler):
         self._alone_latencies: list[float] = []  # launches no other launch overlapped: what a move costs
         self._stop_costs: list[float] = []
         self._hook_ms: dict[str, float] = {}
+        self._hook_cpu_ms: dict[str, float] = {}
         self._estimate_ms = 0.0
         self._setup_ms = 0.0
         self._hook_calls = 0
@@ -341,6 +346,7 @@ class SaturnScheduler(TrialScheduler):
             planner=self._planner.stats.to_dict(),
             max_estimate_ms=self._estimate_ms,
             launch_latencies_s=[round(x, 3) for x in self._latencies],
+            hook_cpu_ms=dict(self._hook_cpu_ms),
         )
 
     def close(self) -> None:
@@ -803,7 +809,7 @@ class SaturnScheduler(TrialScheduler):
 
     @contextlib.contextmanager
     def _hook(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             yield
         finally:
@@ -811,6 +817,7 @@ class SaturnScheduler(TrialScheduler):
             self._hook_calls += 1
             if ms > self._hook_ms.get(name, 0.0):
                 self._hook_ms[name] = ms
+                self._hook_cpu_ms[name] = 1000 * (time.thread_time() - c0)
 
 
 def _warm_up_solver() -> None:
