@@ -36,10 +36,11 @@ Usage:
     python release/tune_benchmark.py sweep.csv ... --seed S --details runs/seed-S.json   # one per seed
     python release/tune_benchmark.py --summarize runs/seed-*.json
 
-``--stops fixed`` replaces ASHA by a scheduler that stops every trial at a
-report fixed by its config alone (:func:`fixed_quota`: the rungs synchronous
-successive halving over the population would let it reach), so the three runs
-train exactly the same reports and the ratio is the scheduling's alone.
+``--stops fixed`` replaces ASHA's decisions (not its rungs, which
+SaturnScheduler plans by) with a stop at a report fixed by the trial's config
+alone (:func:`fixed_quota`: the rungs synchronous successive halving over the
+population would let it reach), so the three runs train exactly the same
+reports and the ratio is the scheduling's alone.
 
 One run per seed is not a verdict: ASHA's promotions depend on the order in
 which results arrive, so the same seed gives plain Tune search times 1.7x
@@ -138,15 +139,20 @@ def fixed_quota(quality: float, reports: int, reduction_factor: int) -> int:
 
 
 def _fixed_stops(reports: int, reduction_factor: int):
-    """A base scheduler that stops each trial at :func:`fixed_quota`, whatever order results come in."""
-    from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+    """ASHA with its stop decisions replaced by :func:`fixed_quota`, whatever order results come in.
 
-    class FixedStops(FIFOScheduler):
+    It is an ``ASHAScheduler`` with ASHA's rungs, so SaturnScheduler plans its
+    trials exactly as under ASHA (their expected horizon by rung); only the
+    decision at a rung no longer depends on which trials got there first.
+    """
+    from ray.tune.schedulers import ASHAScheduler, TrialScheduler
+
+    class FixedStops(ASHAScheduler):
         def on_trial_result(self, tune_controller, trial, result):
             quota = fixed_quota(float(trial.config["quality"]), reports, reduction_factor)
             return TrialScheduler.STOP if int(result["report"]) >= quota else TrialScheduler.CONTINUE
 
-    return FixedStops()
+    return FixedStops(time_attr="report", max_t=reports, grace_period=1, reduction_factor=reduction_factor)
 
 
 def make_trainable(
@@ -414,8 +420,9 @@ def main() -> int:
     ap.add_argument("--start-order", default="searcher", choices=("searcher", "plan"),
                     help="saturn's start order (SaturnScheduler(start_order=...))")
     ap.add_argument("--stops", default="asha", choices=("asha", "fixed"),
-                    help="who stops trials: ASHA (decisions depend on the order results arrive), or 'fixed': "
-                         "each trial stops where halving over the population would stop it (same work in every run)")
+                    help="who stops trials: ASHA (decisions depend on the order results arrive), or 'fixed': ASHA's "
+                         "rungs, each trial stopped where halving over the population would stop it (same work "
+                         "in every run)")
     ap.add_argument("--solver-time-limit", type=float, default=0.5, help="saturn's background solve limit (s)")
     ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {', '.join(RUNS)}")
     ap.add_argument("--objective", default="makespan", help=f"saturn's objective ({', '.join(OBJECTIVES)})")

@@ -82,3 +82,19 @@ def test_fixed_stops_keep_the_best_half_at_each_rung_of_the_population_whatever_
     qs = [(i + 0.5) / 64 for i in range(64)]
     reached = [sum(quota(q, 16, 2) >= r for q in qs) for r in (1, 2, 4, 8, 16)]
     assert reached == [64, 32, 16, 8, 4]
+
+
+def test_fixed_stops_are_asha_to_saturn_and_stop_at_the_quota():
+    from ray.tune.schedulers import TrialScheduler
+
+    from ray_saturn.tune._early_stops import early_stop_model
+
+    base = tune_benchmark._fixed_stops(16, 2)
+    base.set_search_properties("loss", "min")
+    trial = SimpleNamespace(trial_id="t0", config={"quality": 0.2}, status="RUNNING")  # quota 4
+    base.on_trial_add(None, trial)
+    model = early_stop_model(base, "t0")  # SaturnScheduler plans its trials by ASHA's rungs
+    assert model is not None and model.rungs and model.max_t == 16 and model.keep == 0.5
+    # Trial 0 is alone at every rung (ASHA would keep it to the end); the quota stops it at 4.
+    decisions = [base.on_trial_result(None, trial, {"report": r, "loss": 1.0 / r}) for r in (1, 2, 3, 4)]
+    assert decisions == [TrialScheduler.CONTINUE] * 3 + [TrialScheduler.STOP]
