@@ -138,12 +138,14 @@ def fixed_quota(quality: float, reports: int, reduction_factor: int) -> int:
     return rung
 
 
-def _fixed_stops(reports: int, reduction_factor: int):
-    """ASHA with its stop decisions replaced by :func:`fixed_quota`, whatever order results come in.
+def _asha(reports: int, reduction_factor: int, fixed: bool = False):
+    """The base scheduler: ASHA over ``reports`` reports, or (``fixed``) ASHA with its stop decisions
+    replaced by :func:`fixed_quota`, whatever order results come in.
 
-    It is an ``ASHAScheduler`` with ASHA's rungs, so SaturnScheduler plans its
-    trials exactly as under ASHA (their expected horizon by rung); only the
-    decision at a rung no longer depends on which trials got there first.
+    The fixed one is an ``ASHAScheduler`` built with the same arguments, so it
+    has ASHA's rungs and SaturnScheduler plans its trials exactly as under ASHA
+    (their expected horizon by rung); only the decision at a rung no longer
+    depends on which trials got there first.
     """
     from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
@@ -152,7 +154,8 @@ def _fixed_stops(reports: int, reduction_factor: int):
             quota = fixed_quota(float(trial.config["quality"]), reports, reduction_factor)
             return TrialScheduler.STOP if int(result["report"]) >= quota else TrialScheduler.CONTINUE
 
-    return FixedStops(time_attr="report", max_t=reports, grace_period=1, reduction_factor=reduction_factor)
+    cls = FixedStops if fixed else ASHAScheduler
+    return cls(time_attr="report", max_t=reports, grace_period=1, reduction_factor=reduction_factor)
 
 
 def make_trainable(
@@ -287,17 +290,11 @@ def _gpu_tracker():
 
 def run_search(kind: str, table: ProfileTable, args, rows, steps, storage: str) -> dict[str, Any]:
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
     from ray_saturn.tune import SaturnScheduler
 
-    if args.stops == "fixed":
-        base = _fixed_stops(args.reports, args.reduction_factor)
-    else:
-        base = ASHAScheduler(
-            time_attr="report", max_t=args.reports, grace_period=1, reduction_factor=args.reduction_factor
-        )
+    base = _asha(args.reports, args.reduction_factor, fixed=args.stops == "fixed")
     tasks = sorted(rows)
     fixed = None if kind.startswith("saturn") else (1 if kind == "plain-1gpu" else args.gpus_per_node)
     trainable = make_trainable(rows, steps, args.time_scale, args.reports, fixed)

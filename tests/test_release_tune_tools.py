@@ -89,7 +89,7 @@ def test_fixed_stops_are_asha_to_saturn_and_stop_at_the_quota():
 
     from ray_saturn.tune._early_stops import early_stop_model
 
-    base = tune_benchmark._fixed_stops(16, 2)
+    base = tune_benchmark._asha(16, 2, fixed=True)
     base.set_search_properties("loss", "min")
     trial = SimpleNamespace(trial_id="t0", config={"quality": 0.2}, status="RUNNING")  # quota 4
     base.on_trial_add(None, trial)
