@@ -144,13 +144,15 @@ def _asha(reports: int, reduction_factor: int, fixed: bool = False):
 
     The fixed one is an ``ASHAScheduler`` built with the same arguments, so it
     has ASHA's rungs and SaturnScheduler plans its trials exactly as under ASHA
-    (their expected horizon by rung); only the decision at a rung no longer
-    depends on which trials got there first.
+    (their expected horizon by rung, and their standing at the rungs, which it
+    records as ASHA does); only the decision at a rung no longer depends on
+    which trials got there first.
     """
     from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
     class FixedStops(ASHAScheduler):
         def on_trial_result(self, tune_controller, trial, result):
+            super().on_trial_result(tune_controller, trial, result)  # ASHA records the rung results as ever
             quota = fixed_quota(float(trial.config["quality"]), reports, reduction_factor)
             return TrialScheduler.STOP if int(result["report"]) >= quota else TrialScheduler.CONTINUE
 

@@ -98,3 +98,7 @@ def test_fixed_stops_are_asha_to_saturn_and_stop_at_the_quota():
     # Trial 0 is alone at every rung (ASHA would keep it to the end); the quota stops it at 4.
     decisions = [base.on_trial_result(None, trial, {"report": r, "loss": 1.0 / r}) for r in (1, 2, 3, 4)]
     assert decisions == [TrialScheduler.CONTINUE] * 3 + [TrialScheduler.STOP]
+    # ASHA's bookkeeping goes on: SaturnScheduler reads the trial's standing at its rungs as under ASHA.
+    from ray_saturn.tune._early_stops import Standing, rung_standing
+
+    assert rung_standing(base, "t0") == Standing(better=0, others=0)

@@ -241,6 +241,71 @@ def test_trials_are_planned_for_the_steps_asha_is_expected_to_let_them_train(fak
         assert other.step() == [tid] and sched.controller.state(tid).total_steps == 160
 
 
+def test_a_trial_that_leads_its_rung_is_planned_longer_than_one_that_scraped_through(fake_tune, no_background):
+    """ASHA keeps the best at each rung and ranks persist: the leader is likely to go on, the marginal one not."""
+    from ray.tune.schedulers import ASHAScheduler
+
+    from ray_saturn.tune._early_stops import Standing, rung_standing
+
+    clock = Clock()
+    asha = ASHAScheduler(
+        metric="loss", mode="min", time_attr="training_iteration", max_t=16, grace_period=1, reduction_factor=2
+    )
+    s = SaturnScheduler(scaling, base_scheduler=asha, cluster=ClusterSpec.uniform(1, 4), restart_s=1.0, clock=clock)
+    tune = fake_tune(s)
+    names = [f"t{i}" for i in range(9)]
+    for tid in [*names, "fresh"]:
+        tune.add(tid, {"steps": 160})
+    tune.step()
+
+    def report(tid, loss):
+        clock.t += 1.0
+        result = {"training_iteration": 1, "loss": loss, "saturn_step": 10, "saturn_step_time_s": 0.5,
+                  "saturn_total_steps": 160}  # fmt: skip
+        return s.on_trial_result(tune, tune.trials[tid], result)
+
+    # Seven trials reach rung 1 first (0.5 ... 0.8): the first goes on, and the better half of the rest.
+    for i, tid in enumerate(names[2:]):
+        report(tid, 0.5 + 0.05 * i)
+    assert rung_standing(asha, "t2") == Standing(better=0, others=6)
+    assert report("t0", 0.1) == "CONTINUE"  # the best of eight
+    assert rung_standing(asha, "t0") == Standing(better=0, others=7)
+    assert report("t1", 0.52) == "CONTINUE"  # in the better half, 2 of 9 did better
+    assert rung_standing(asha, "t1") == Standing(better=2, others=8)
+    blind = 50  # rank-blind, from rung 1: 2 + 1/2 * 2 + 1/4 * 4 + 1/8 * 8 = 5 of 16 iterations
+    leader, marginal = s.controller.state("t0").total_steps, s.controller.state("t1").total_steps
+    assert leader > 1.5 * blind and marginal < blind, (leader, marginal)
+    assert leader == asha_model_steps(asha, "t0", Standing(0, 7))
+    # Unknown standing (no rung recorded the trial yet, or not ASHA): the rank-blind model.
+    assert rung_standing(asha, "fresh") is None and s.controller.state("fresh").total_steps == 30
+    assert rung_standing(object(), "t0") is None
+
+
+def asha_model_steps(asha, tid, standing):
+    from ray_saturn.tune._early_stops import early_stop_model
+
+    return early_stop_model(asha, tid).horizon_steps(1.0, 10, 0.1, 160, standing)
+
+
+def test_the_standing_model_is_rank_blind_without_rivals_and_bounded_by_it():
+    from ray_saturn.tune._early_stops import RANK_BLIND_WEIGHT, EarlyStopModel, Standing
+
+    m = EarlyStopModel(time_attr="it", max_t=16, keep=0.5, rungs=(1, 2, 4, 8))
+    # Alone at the rung: the quantile is uniform, so the next rung is passed with probability keep.
+    assert m.expected_units(1, Standing(0, 0)) == m.expected_units(1) == 5.0
+    # The leader of many is never sure to go on (curves cross); the last one in is never ruled out.
+    assert m.survival(3, Standing(0, 10_000)) <= 1 - RANK_BLIND_WEIGHT * (1 - 0.5**3) + 1e-12
+    assert m.survival(1, Standing(9_999, 10_000)) >= RANK_BLIND_WEIGHT * 0.5
+    # Better standing, longer horizon; more rivals behind a leader, more certainty.
+    ends = [m.expected_units(1, Standing(b, 15)) for b in range(16)]
+    assert ends == sorted(ends, reverse=True)
+    assert m.expected_units(1, Standing(0, 3)) < m.expected_units(1, Standing(0, 31)) <= 16
+    # The posterior CDF is a CDF.
+    st = Standing(2, 8)
+    cdf = [st.quantile_cdf(x / 20) for x in range(21)]
+    assert cdf[0] == 0.0 and cdf[-1] == 1.0 and cdf == sorted(cdf)
+
+
 def test_near_equal_plans_start_first_the_trial_that_may_train_longest():
     # Two trials planned for 10 steps each on one GPU: either order ends at 20 s. z may train 100
     # steps more (ASHA may keep it): started first, it would end at 110 s instead of 120 s.

@@ -55,12 +55,13 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from ray_saturn.control import Controller, Launch, Stop, TaskArrived, TaskFailed, TaskFinished, TaskState, Tick
 from ray_saturn.control.occupancy import Occupancy
+from ray_saturn.control.replan import OFF_ESTIMATE
 from ray_saturn.control.state import Placement
 from ray_saturn.errors import SaturnError
 from ray_saturn.metrics import RunMetrics
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.spec import ClusterSpec
-from ray_saturn.tune._early_stops import EarlyStopModel, early_stop_model
+from ray_saturn.tune._early_stops import EarlyStopModel, early_stop_model, rung_standing
 from ray_saturn.tune._planner import START_ORDERS, BackgroundPlanner, same_decisions
 from ray_saturn.tune._rows import TrialRejected, TrialRows, trial_rows
 
@@ -762,10 +763,13 @@ class SaturnScheduler(TrialScheduler):
             st.units_per_step = float(t) / step
         if decision == TrialScheduler.STOP:
             return None  # it ends now: its finish tells the controller
-        horizon = st.stops.horizon_steps(float(t), step, st.units_per_step, st.rows.steps)
+        standing = rung_standing(self._base, st.trial.trial_id)
+        horizon = st.stops.horizon_steps(float(t), step, st.units_per_step, st.rows.steps, standing)
         if horizon == st.horizon:
             return None
-        grew = st.horizon is not None and horizon > st.horizon
+        # It grows at a rung it passes, and between rungs as its standing at the last one firms up: only a
+        # growth past the off-estimate tolerance is worth a new plan.
+        grew = st.horizon is not None and horizon > st.horizon * (1 + OFF_ESTIMATE)
         st.horizon = horizon
         self._ctl.set_total_steps(st.trial.trial_id, horizon)
         self._set_extra_steps(st)
