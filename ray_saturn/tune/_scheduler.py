@@ -212,7 +212,8 @@ class SaturnScheduler(TrialScheduler):
             in :meth:`stats`.
         expect_early_stops: plan each trial for the steps its base scheduler
             is expected to let it train (ASHA: to its next rung, past each
-            later rung with probability 1 / reduction_factor; see
+            later rung with probability 1 / reduction_factor, or by its rank
+            at the last rung it passed; see
             :mod:`ray_saturn.tune._early_stops`), raised as it passes rungs;
             ``False`` plans every trial for all its steps.
         cpus_per_trial: CPUs in each trial's bundle besides its GPUs.
