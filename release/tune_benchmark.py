@@ -138,6 +138,42 @@ def fixed_quota(quality: float, reports: int, reduction_factor: int) -> int:
     return rung
 
 
+def work_bound(
+    configs: list[dict[str, Any]],
+    rows: dict[str, dict[int, float]],
+    steps: dict[str, int],
+    reports: int,
+    reduction_factor: int,
+    total_gpus: int,
+) -> float:
+    """A lower bound (profile s) on any scheduler's search time for ``--stops fixed``, start-ups left out.
+
+    Under fixed stops the work is known in hindsight: each trial trains its
+    :func:`fixed_quota` of reports (a report is ``ceil(steps / reports)``
+    steps). No scheduler ends before the longest trial does on its fastest
+    row, nor before the cluster's GPUs have done every trial's work at its
+    most GPU-efficient row (fewest GPU-seconds). The scheduler does not know
+    the quotas, and every launch costs seconds that the bound leaves out, so
+    it is a floor, not a target: it says how much of a search time is left
+    to gain by scheduling at all.
+
+    Example:
+        >>> rows, steps = {"a": {1: 1.0, 2: 0.6}}, {"a": 16}
+        >>> # One trains all 16 steps (0.6 s each on 2 GPUs at best), the other 1: max(16 * 0.6, 17 * 1.0 / 2).
+        >>> work_bound([{"task": "a", "quality": 0.01}, {"task": "a", "quality": 0.9}], rows, steps, 16, 2, 2)
+        9.6
+    """
+    area, longest = 0.0, 0.0
+    for config in configs:
+        task = config["task"]
+        every = max(1, math.ceil(steps[task] / reports))
+        trained = min(steps[task], every * fixed_quota(float(config["quality"]), reports, reduction_factor))
+        per = rows[task]
+        area += trained * min(g * t for g, t in per.items())
+        longest = max(longest, trained * min(per.values()))
+    return max(area / total_gpus, longest)
+
+
 def _asha(reports: int, reduction_factor: int, fixed: bool = False):
     """The base scheduler: ASHA over ``reports`` reports, or (``fixed``) ASHA with its stop decisions
     replaced by :func:`fixed_quota`, whatever order results come in.
@@ -347,6 +383,10 @@ def run_search(kind: str, table: ProfileTable, args, rows, steps, storage: str) 
         "completed_reports": sum(int(r.metrics.get("report", 0)) for r in grid if r.metrics),
         "stops": args.stops,
     }
+    if args.stops == "fixed":
+        configs = [r.config for r in grid]
+        bound = work_bound(configs, rows, steps, args.reports, args.reduction_factor, args.nodes * args.gpus_per_node)
+        out["work_bound_s"] = round(bound, 1)
     if saturn is not None:
         saturn.close()
         st = saturn.stats()
@@ -390,6 +430,10 @@ def summarize(paths: list[str]) -> int:
         print(f"{path}: saturn {s['search_time_s']:.0f} s, better plain {better:.0f} s, ratio "
               f"{s['search_time_s'] / better:.3f}; same best metric: {same}; errored {s['errored']}; "
               f"moves {s['moves']} ({s['resizes_that_changed_size']} changed size); max hook {s['max_hook_ms']} ms")
+        if s.get("work_bound_s"):
+            wb = s["work_bound_s"]
+            print(f"  work bound (--stops fixed) {wb:.0f} s: saturn {s['search_time_s'] / wb:.2f}x of it, "
+                  f"better plain {better / wb:.2f}x")
     ratios = [s["search_time_s"] / b for _, s, _, b in rows]
     mean = statistics.mean(ratios)
     se = f"{statistics.stdev(ratios) / math.sqrt(len(ratios)):.3f}" if len(ratios) > 1 else "- (one run)"

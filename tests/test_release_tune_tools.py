@@ -102,3 +102,28 @@ def test_fixed_stops_are_asha_to_saturn_and_stop_at_the_quota():
     from ray_saturn.tune._early_stops import Standing, rung_standing
 
     assert rung_standing(base, "t0") == Standing(better=0, others=0)
+
+
+def test_work_bound_is_the_longer_of_the_busiest_trial_and_the_cluster_area():
+    import doctest
+
+    assert doctest.testmod(tune_benchmark, verbose=False).failed == 0  # the docstring examples, work_bound's too
+    rows, steps = {"a": {1: 1.0, 2: 0.6, 4: 0.5}, "b": {1: 2.0, 4: 0.4}}, {"a": 160, "b": 16}
+    best_a = {"task": "a", "quality": 0.01}  # all 16 reports (10 steps each): 160 x 0.5 = 80 on 4 GPUs
+    worst = [{"task": "b", "quality": 0.9}] * 4  # 1 report each: 1 step, 1.6 GPU-s at best (4 x 0.4)
+    assert tune_benchmark.work_bound([best_a, *worst], rows, steps, 16, 2, 8) == 80.0
+    # On one GPU the area rules: 160 x 1.0 (a's cheapest GPU-seconds) + 4 x 1.6.
+    assert tune_benchmark.work_bound([best_a, *worst], rows, steps, 16, 2, 1) == pytest.approx(166.4)
+    # A schedule that exists is never below it: everything one after the other on 4 GPUs.
+    serial = 160 * 0.5 + 4 * 0.4
+    assert tune_benchmark.work_bound([best_a, *worst], rows, steps, 16, 2, 4) <= serial
+
+
+def test_summary_shows_the_work_bound_of_fixed_stop_runs(tmp_path, capsys):
+    path = tmp_path / "f.json"
+    _details(path, 80.0, 100.0, 120.0)
+    d = json.loads(path.read_text())
+    d["saturn"]["work_bound_s"] = 50.0
+    path.write_text(json.dumps(d))
+    assert tune_benchmark.summarize([str(path)]) == 0
+    assert "work bound (--stops fixed) 50 s: saturn 1.60x of it, better plain 2.00x" in capsys.readouterr().out
