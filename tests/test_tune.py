@@ -202,7 +202,8 @@ def test_trials_are_held_released_in_plan_order_together_and_free_gpus(fake_tune
     assert "waiting for GPUs (shown PAUSED)" in s.debug_string()
 
 
-def test_trials_are_planned_for_the_steps_asha_is_expected_to_let_them_train(fake_tune, no_background):
+def _under_asha16(fake_tune):
+    """A SaturnScheduler over ASHA (16 iterations, halving) on 4 GPUs, with its clock and a fake Tune."""
     from ray.tune.schedulers import ASHAScheduler
 
     clock = Clock()
@@ -210,7 +211,11 @@ def test_trials_are_planned_for_the_steps_asha_is_expected_to_let_them_train(fak
         metric="loss", mode="min", time_attr="training_iteration", max_t=16, grace_period=1, reduction_factor=2
     )
     s = SaturnScheduler(scaling, base_scheduler=asha, cluster=ClusterSpec.uniform(1, 4), restart_s=1.0, clock=clock)
-    tune = fake_tune(s)
+    return clock, asha, s, fake_tune(s)
+
+
+def test_trials_are_planned_for_the_steps_asha_is_expected_to_let_them_train(fake_tune, no_background):
+    clock, asha, s, tune = _under_asha16(fake_tune)
     tune.add("a", {"steps": 160}), tune.add("b", {"steps": 160})
     assert sorted(tune.step()) == ["a", "b"]
     # Fresh: to rung 1 for sure, past rungs 2, 4, 8 with probability 1/2 each: 3 of 16 iterations.
@@ -243,16 +248,9 @@ def test_trials_are_planned_for_the_steps_asha_is_expected_to_let_them_train(fak
 
 def test_a_trial_that_leads_its_rung_is_planned_longer_than_one_that_scraped_through(fake_tune, no_background):
     """ASHA keeps the best at each rung and ranks persist: the leader is likely to go on, the marginal one not."""
-    from ray.tune.schedulers import ASHAScheduler
-
     from ray_saturn.tune._early_stops import Standing, rung_standing
 
-    clock = Clock()
-    asha = ASHAScheduler(
-        metric="loss", mode="min", time_attr="training_iteration", max_t=16, grace_period=1, reduction_factor=2
-    )
-    s = SaturnScheduler(scaling, base_scheduler=asha, cluster=ClusterSpec.uniform(1, 4), restart_s=1.0, clock=clock)
-    tune = fake_tune(s)
+    clock, asha, s, tune = _under_asha16(fake_tune)
     names = [f"t{i}" for i in range(9)]
     for tid in [*names, "fresh"]:
         tune.add(tid, {"steps": 160})
