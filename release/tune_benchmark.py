@@ -138,6 +138,11 @@ def fixed_quota(quality: float, reports: int, reduction_factor: int) -> int:
     return rung
 
 
+def report_every(steps: int, reports: int) -> int:
+    """Steps between two reports of an emulated trial of ``steps`` steps reporting ``reports`` times."""
+    return max(1, math.ceil(steps / reports))
+
+
 def work_bound(
     configs: list[dict[str, Any]],
     rows: dict[str, dict[int, float]],
@@ -166,7 +171,7 @@ def work_bound(
     area, longest = 0.0, 0.0
     for config in configs:
         task = config["task"]
-        every = max(1, math.ceil(steps[task] / reports))
+        every = report_every(steps[task], reports)
         trained = min(steps[task], every * fixed_quota(float(config["quality"]), reports, reduction_factor))
         per = rows[task]
         area += trained * min(g * t for g, t in per.items())
@@ -217,7 +222,7 @@ def make_trainable(
             raise RuntimeError(f"task {task} has no feasible row on {gpus} GPU(s)")
         step_s = rows[task][gpus] * time_scale
         total = steps[task]
-        every = max(1, math.ceil(total / reports))
+        every = report_every(total, reports)
         step = 0
         ck = tune.get_checkpoint()
         if ck is not None:

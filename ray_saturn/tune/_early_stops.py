@@ -106,12 +106,12 @@ class EarlyStopModel:
         (``standing``: where it stands at the last of them, if known)."""
         if t >= self.max_t:
             return float(t)
+        ahead = sorted(r for r in self.rungs if t < r < self.max_t)
         end, prev = float(t), float(t)
-        for j, m in enumerate(sorted(r for r in self.rungs if t < r < self.max_t)):
+        for j, m in enumerate(ahead):
             end += self.survival(j, standing) * (m - prev)
             prev = m
-        later = sum(1 for r in self.rungs if t < r < self.max_t)
-        return end + self.survival(later, standing) * (self.max_t - prev)
+        return end + self.survival(len(ahead), standing) * (self.max_t - prev)
 
     def horizon_steps(
         self,
