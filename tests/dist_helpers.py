@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,11 @@ def _entry(rank: int, world: int, port: int, out_dir: str, fn: Callable[..., Any
         torch.save(result, os.path.join(out_dir, f"result-{rank}.pt"))
     finally:
         dist.destroy_process_group()
+    # The result is on disk: skip the interpreter's teardown, where a destroyed gloo
+    # group's threads abort the process now and then (SIGABRT, as in tune/_trainable.py).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_workers(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
