@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +11,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from ray_saturn.strategies.worker import exit_finished_process
 
 
 def free_port() -> int:
@@ -29,11 +30,7 @@ def _entry(rank: int, world: int, port: int, out_dir: str, fn: Callable[..., Any
         torch.save(result, os.path.join(out_dir, f"result-{rank}.pt"))
     finally:
         dist.destroy_process_group()
-    # The result is on disk: skip the interpreter's teardown, where a destroyed gloo
-    # group's threads abort the process now and then (SIGABRT, as in tune/_trainable.py).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_finished_process()  # the result is on disk
 
 
 def run_workers(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:

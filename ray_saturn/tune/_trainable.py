@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -159,6 +158,7 @@ def _rank_main(
     from ray import cloudpickle
 
     from ray_saturn.strategies.device import use_rank_device
+    from ray_saturn.strategies.worker import exit_finished_process
 
     _die_with_parent()
     _set_rank_env(rank, ways)
@@ -184,20 +184,7 @@ def _rank_main(
         dist.destroy_process_group()
     if rank == 0:
         conn.send(("done",))
-    _exit_finished()
-
-
-def _exit_finished() -> None:
-    """End a rank that finished its work without the interpreter's teardown.
-
-    Every result is sent and the process group destroyed, but the C++ threads of
-    a destroyed gloo group can outlive it, and the teardown then aborts
-    ("terminate called without an active exception", SIGABRT) about one exit in
-    fifteen here: the trial would be marked ERROR after training every step.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_finished_process()
 
 
 def _die_with_parent() -> None:
