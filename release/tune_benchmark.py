@@ -36,6 +36,11 @@ Usage:
     python release/tune_benchmark.py sweep.csv ... --seed S --details runs/seed-S.json   # one per seed
     python release/tune_benchmark.py --summarize runs/seed-*.json
 
+``--plain-reuse-actors`` runs plain Tune with ``reuse_actors=True``: a
+finished trial's actor trains the next trial of the same resources, with no
+new actor's start-up (SaturnScheduler needs ``reuse_actors=False``, Tune's
+default, since it changes a trial's resources).
+
 ``--stops fixed`` replaces ASHA's decisions (not its rungs, which
 SaturnScheduler plans by) with a stop at a report fixed by the trial's config
 alone (:func:`fixed_quota`: the rungs synchronous successive halving over the
@@ -367,7 +372,8 @@ def run_search(kind: str, table: ProfileTable, args, rows, steps, storage: str) 
             num_samples=args.num_samples,
             scheduler=scheduler,
             search_alg=BasicVariantGenerator(random_state=args.seed),
-            reuse_actors=False,
+            # SaturnScheduler requires False; plain Tune's default is False too (--plain-reuse-actors: True).
+            reuse_actors=saturn is None and args.plain_reuse_actors,
         ),
         run_config=tune.RunConfig(name=kind, storage_path=storage, verbose=0, callbacks=[tracker]),
     )
@@ -388,6 +394,8 @@ def run_search(kind: str, table: ProfileTable, args, rows, steps, storage: str) 
         "completed_reports": sum(int(r.metrics.get("report", 0)) for r in grid if r.metrics),
         "stops": args.stops,
     }
+    if saturn is None:
+        out["reuse_actors"] = bool(args.plain_reuse_actors)
     if args.stops == "fixed":
         configs = [r.config for r in grid]
         bound = work_bound(configs, rows, steps, args.reports, args.reduction_factor, args.nodes * args.gpus_per_node)
@@ -472,6 +480,9 @@ def main() -> int:
                          "rungs, each trial stopped where halving over the population would stop it (same work "
                          "in every run)")
     ap.add_argument("--solver-time-limit", type=float, default=0.5, help="saturn's background solve limit (s)")
+    ap.add_argument("--plain-reuse-actors", action="store_true",
+                    help="plain Tune reuses a finished trial's actor for the next trial of the same resources "
+                         "(TuneConfig(reuse_actors=True); Tune's default is False)")
     ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {', '.join(RUNS)}")
     ap.add_argument("--objective", default="makespan", help=f"saturn's objective ({', '.join(OBJECTIVES)})")
     ap.add_argument("--details", default=None, help="write every trial's timeline per run to this JSON file")
