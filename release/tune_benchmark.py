@@ -36,10 +36,9 @@ Usage:
     python release/tune_benchmark.py sweep.csv ... --seed S --details runs/seed-S.json   # one per seed
     python release/tune_benchmark.py --summarize runs/seed-*.json
 
-``--plain-reuse-actors`` runs plain Tune with ``reuse_actors=True``: a
-finished trial's actor trains the next trial of the same resources, with no
-new actor's start-up (SaturnScheduler needs ``reuse_actors=False``, Tune's
-default, since it changes a trial's resources).
+``--reuse-actors`` runs all three with ``TuneConfig(reuse_actors=True)``
+(Tune's default is False): a finished trial's actor trains the next trial of
+the same resources, with no new actor's start-up.
 
 ``--stops fixed`` replaces ASHA's decisions (not its rungs, which
 SaturnScheduler plans by) with a stop at a report fixed by the trial's config
@@ -372,8 +371,7 @@ def run_search(kind: str, table: ProfileTable, args, rows, steps, storage: str) 
             num_samples=args.num_samples,
             scheduler=scheduler,
             search_alg=BasicVariantGenerator(random_state=args.seed),
-            # SaturnScheduler requires False; plain Tune's default is False too (--plain-reuse-actors: True).
-            reuse_actors=saturn is None and args.plain_reuse_actors,
+            reuse_actors=args.reuse_actors,  # Tune's default: False
         ),
         run_config=tune.RunConfig(name=kind, storage_path=storage, verbose=0, callbacks=[tracker]),
     )
@@ -393,9 +391,8 @@ def run_search(kind: str, table: ProfileTable, args, rows, steps, storage: str) 
         "wall_s": round(wall, 2),
         "completed_reports": sum(int(r.metrics.get("report", 0)) for r in grid if r.metrics),
         "stops": args.stops,
+        "reuse_actors": args.reuse_actors,
     }
-    if saturn is None:
-        out["reuse_actors"] = bool(args.plain_reuse_actors)
     if args.stops == "fixed":
         configs = [r.config for r in grid]
         bound = work_bound(configs, rows, steps, args.reports, args.reduction_factor, args.nodes * args.gpus_per_node)
@@ -414,6 +411,7 @@ def run_search(kind: str, table: ProfileTable, args, rows, steps, storage: str) 
             planner=st.planner,
             scheduler_max_gpus_in_use=st.max_gpus_in_use,
             launch_latencies_s=st.launch_latencies_s,
+            reused_actor_launches=st.reused_actor_launches,
             move_list=[m.describe() for m in saturn.moves],
         )
     else:
@@ -480,8 +478,8 @@ def main() -> int:
                          "rungs, each trial stopped where halving over the population would stop it (same work "
                          "in every run)")
     ap.add_argument("--solver-time-limit", type=float, default=0.5, help="saturn's background solve limit (s)")
-    ap.add_argument("--plain-reuse-actors", action="store_true",
-                    help="plain Tune reuses a finished trial's actor for the next trial of the same resources "
+    ap.add_argument("--reuse-actors", action="store_true",
+                    help="every run reuses a finished trial's actor for the next trial of the same resources "
                          "(TuneConfig(reuse_actors=True); Tune's default is False)")
     ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {', '.join(RUNS)}")
     ap.add_argument("--objective", default="makespan", help=f"saturn's objective ({', '.join(OBJECTIVES)})")

@@ -94,12 +94,14 @@ class FakeTune:
         self.started = []
         return out
 
-    def result(self, tid, step, step_time, total=None):
+    def result(self, tid, step, step_time, total=None, pid=None):
+        """A result of trial ``tid``; ``pid``: the actor process it came from (Tune fills it in every result)."""
         t = self.trials[tid]
         total = total if total is not None else t.config.get("steps", 100)
-        return self.s.on_trial_result(
-            self, t, {"saturn_step": step, "saturn_step_time_s": step_time, "saturn_total_steps": total}
-        )
+        result = {"saturn_step": step, "saturn_step_time_s": step_time, "saturn_total_steps": total}
+        if pid is not None:
+            result.update(pid=pid, hostname="host-0")
+        return self.s.on_trial_result(self, t, result)
 
     def complete(self, tid):
         t = self.trials[tid]
@@ -692,19 +694,39 @@ def test_bad_arguments_are_one_line_errors():
         trial_decision({"lr": 0.1})
 
 
-def test_reuse_actors_is_checked_without_the_restricted_interface_warning(fake_tune, caplog):
+def test_hooks_use_no_restricted_interface_with_or_without_reused_actors(fake_tune, caplog):
     from ray.tune.execution.tune_controller import TrialRunnerWrapper
 
-    s = SaturnScheduler(estimate, cluster=ClusterSpec.uniform(1, 2), clock=Clock())
-    inner = FakeTune(s)
-    wrapped = TrialRunnerWrapper(inner, trial_executor=object(), runner_whitelist_attr={"get_trials"})
-    with caplog.at_level(logging.WARNING):
-        assert s.choose_trial_to_run(wrapped) is None
-    assert "restricted" not in caplog.text
-    inner._reuse_actors = True
-    s2 = SaturnScheduler(estimate, cluster=ClusterSpec.uniform(1, 2), clock=Clock())
-    with pytest.raises(TuneIntegrationError, match="reuse_actors=False"):
-        s2.choose_trial_to_run(TrialRunnerWrapper(inner, trial_executor=object()))
+    for reuse in (False, True):
+        s = SaturnScheduler(estimate, cluster=ClusterSpec.uniform(1, 2), clock=Clock())
+        inner = FakeTune(s)
+        inner._reuse_actors = reuse
+        wrapped = TrialRunnerWrapper(inner, trial_executor=object(), runner_whitelist_attr={"get_trials"})
+        with caplog.at_level(logging.WARNING):
+            assert s.choose_trial_to_run(wrapped) is None
+            a = inner.add("a", {"width": 16})
+            assert s.choose_trial_to_run(wrapped) is a  # reuse_actors=True is no error
+        assert "restricted" not in caplog.text
+
+
+def test_a_launch_on_a_reused_actor_is_not_a_measure_of_the_restart_cost(fake_tune, inline_background):
+    """With reuse_actors=True Tune starts a trial on a finished trial's actor (no new process): its quick
+    start is reported apart and does not lower the restart cost a move (always a new actor) is priced at."""
+    clock = Clock()
+    s = SaturnScheduler(scaling, cluster=ClusterSpec.uniform(1, 1), restart_s=1.0, clock=clock)
+    tune = fake_tune(s)
+    tune.add("a", {"steps": 10})
+    tune.add("b", {"steps": 10})
+    assert tune.step() == ["a"]  # one GPU: b waits
+    clock.t = 8.0 + 10 * 0.2  # the new actor's start-up: 8 s, then 10 steps
+    assert tune.result("a", 10, 0.2, pid=101) == "CONTINUE"
+    tune.complete("a")
+    assert tune.step() == ["b"]
+    clock.t += 0.5 + 10 * 0.2  # b on a's actor (Tune kept it): 0.5 s
+    assert tune.result("b", 10, 0.2, pid=101) == "CONTINUE"
+    st = s.stats()
+    assert st.launch_latencies_s == [pytest.approx(8.0)] and st.restart_s == pytest.approx(8.0)
+    assert st.reused_actor_launches == 1 and st.reused_launch_latencies_s == [pytest.approx(0.5)]
 
 
 def test_hooks_never_wait_on_the_solver_and_apply_background_plans(fake_tune, monkeypatch):
@@ -919,6 +941,35 @@ def slow_task(config, *, max_steps):
         max_steps=max_steps,
         batch_size=task.batch_size,
     )
+
+
+@pytest.mark.ray
+def test_tuner_with_reused_actors_starts_the_next_trial_on_a_finished_ones_actor(local_ray, tmp_path):
+    """reuse_actors=True: Tune keeps a finished trial's actor and bundle (1 GPU on the node) for the next
+    trial of that bundle, which trains from step 0 with its own decision; the GPUs all come back."""
+    from ray import tune
+
+    ray = local_ray(2)
+    scheduler = SaturnScheduler(estimate, restart_s=2.0, cpus_per_trial=0.25)
+    tuner = tune.Tuner(
+        saturn_trainable(functools.partial(regression_task, max_steps=12), report_every=6),
+        param_space={"lr": tune.grid_search([0.3, 0.1, 0.03, 0.01]), "width": 16},
+        tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=scheduler, reuse_actors=True),
+        run_config=tune.RunConfig(name="saturn-reuse", storage_path=str(tmp_path), verbose=0),
+    )
+    grid = tuner.fit()
+    scheduler.close()
+    assert len(grid) == 4 and not grid.errors
+    for r in grid:
+        assert r.config["_saturn"]["gpus"] == r.metrics["saturn_gpus"] == 1
+        assert r.metrics["saturn_step"] == 12 and r.metrics["saturn_resumed_from"] == 0
+    st = scheduler.stats()
+    assert st.reused_actor_launches >= 1, st  # a second wave on the first wave's actors
+    assert len(st.launch_latencies_s) + st.reused_actor_launches == 4
+    assert len({r.metrics["pid"] for r in grid}) < 4
+    used, peak = _in_use(scheduler.gpu_events)
+    assert used == 0 and 0 < peak <= 2
+    assert _gpus_back(ray, 2) == 2
 
 
 @pytest.mark.ray

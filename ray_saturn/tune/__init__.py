@@ -18,7 +18,7 @@ Example:
     >>> # tuner = tune.Tuner(
     >>> #     saturn_trainable(make_task, report_every=10),
     >>> #     param_space={"lr": tune.loguniform(1e-4, 1e-2), "width": tune.choice([64, 128])},
-    >>> #     tune_config=tune.TuneConfig(metric="loss", mode="min", num_samples=8, reuse_actors=False,
+    >>> #     tune_config=tune.TuneConfig(metric="loss", mode="min", num_samples=8,
     >>> #                                 scheduler=SaturnScheduler(estimate, base_scheduler=ASHAScheduler())),
     >>> # )
     >>> # results = tuner.fit()

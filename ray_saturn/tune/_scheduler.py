@@ -32,7 +32,12 @@ in one step are planned together).
 Tune-only parts stay here: trials waiting for their GPUs are held as PAUSED
 trials (no actor, no resources); a trial's GPUs count as free only once Tune
 has really let them go (a moved trial is paused, a finished one ended), so a
-launch waits for them; ``reuse_actors`` must be False. A config that cannot
+launch waits for them. With ``reuse_actors=True`` Tune keeps a finished trial's
+actor, with its bundle, for the next trial of the same bundle (the same GPU
+count on the same node): that trial starts on it without a new actor, and any
+other trial's bundle makes Tune end the kept actor in the same step. A launch
+on a reused actor is not a measure of what a move costs (a move always starts
+a new actor: it changes the trial's GPUs). A config that cannot
 be estimated or placed errors that trial alone: it is released with no GPU
 and ``config["_saturn"]["error"]``, which :func:`saturn_trainable` (and
 :func:`trial_decision` in a trainable of your own) raises as its error.
@@ -80,7 +85,7 @@ _NO_LIMIT = 10**9
 
 
 class TuneIntegrationError(SaturnError, ValueError):
-    """The Tune integration was set up or used wrongly (bad argument, reuse_actors, ...)."""
+    """The Tune integration was set up or used wrongly (a bad argument, a base scheduler it cannot wrap, ...)."""
 
 
 @dataclass(frozen=True)
@@ -147,8 +152,12 @@ class SchedulerStats:
     hook_calls: int
     planner: dict[str, float]
     max_estimate_ms: float = 0.0
-    #: every measured launch latency (release to first result, less the steps trained), seconds
+    #: every measured launch latency (release to first result, less the steps trained), seconds,
+    #: of launches that started a new actor (what the restart cost is measured from)
     launch_latencies_s: list[float] = field(default_factory=list)
+    #: launches Tune made on a finished trial's actor (``reuse_actors=True``), and their latencies
+    reused_actor_launches: int = 0
+    reused_launch_latencies_s: list[float] = field(default_factory=list)
     hook_cpu_ms: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -299,8 +308,9 @@ class SaturnScheduler(TrialScheduler):
         self._held: dict[str, tuple[str, int | float]] = {}  # trial -> (node, GPUs) Tune holds for it
         self._held_at: dict[str, Placement] = {}  # trial -> the placement (devices) Tune holds for it
         self._node_ids: dict[str, str] = {}
-        self._reuse_checked = False
         self._latencies: list[float] = []
+        self._reused_latencies: list[float] = []  # launches on a finished trial's actor (reuse_actors=True)
+        self._actor_processes: set[tuple[Any, Any]] = set()  # (host, pid) of every trial actor seen
         self._alone_latencies: list[float] = []  # launches no other launch overlapped: what a move costs
         self._stop_costs: list[float] = []
         self._hook_ms: dict[str, float] = {}
@@ -348,6 +358,8 @@ class SaturnScheduler(TrialScheduler):
             planner=self._planner.stats.to_dict(),
             max_estimate_ms=self._estimate_ms,
             launch_latencies_s=[round(x, 3) for x in self._latencies],
+            reused_actor_launches=len(self._reused_latencies),
+            reused_launch_latencies_s=[round(x, 3) for x in self._reused_latencies],
             hook_cpu_ms=dict(self._hook_cpu_ms),
         )
 
@@ -410,7 +422,6 @@ class SaturnScheduler(TrialScheduler):
 
     def choose_trial_to_run(self, tune_controller) -> Trial | None:
         with self._hook("choose_trial_to_run"):
-            self._check_reuse_actors(tune_controller)
             now = self._now()
             self._observe_pauses(now)
             self._step(now)
@@ -432,11 +443,14 @@ class SaturnScheduler(TrialScheduler):
             if st.released_at is not None and step_time:
                 # Launch to first result, less the steps it trained: the start-up a (re)launch costs.
                 latency = max(0.0, now - st.released_at - (step - st.steps_at_release) * step_time)
-                self._latencies.append(latency)
-                if st.launch_crowd == 0:
-                    self._alone_latencies.append(latency)
+                if self._on_reused_actor(result):
+                    self._reused_latencies.append(latency)  # no actor start: not what a move costs
+                else:
+                    self._latencies.append(latency)
+                    if st.launch_crowd == 0:
+                        self._alone_latencies.append(latency)
+                    self._update_restart_cost()
                 st.released_at = None
-                self._update_restart_cost()
             st.steps_done = step
             grew = self._update_horizon(st, result, step, decision)
             stopping = st.phase == "stopping"
@@ -726,17 +740,6 @@ class SaturnScheduler(TrialScheduler):
         if not retry:
             self.metrics.task_state(trial.trial_id, "finished" if finished else "failed")
 
-    def _check_reuse_actors(self, tune_controller) -> None:
-        if self._reuse_checked:
-            return
-        # Read through the wrapper Tune hands schedulers without touching its restricted interface.
-        inner = vars(tune_controller).get("_tune_controller", tune_controller)
-        if getattr(inner, "_reuse_actors", False):
-            raise TuneIntegrationError(
-                "SaturnScheduler needs reuse_actors=False in tune.TuneConfig (a cached actor keeps its GPUs)"
-            )
-        self._reuse_checked = True
-
     def _check_steps(self, st: _TrialState, total: Any) -> None:
         if st.warned_steps or total is None or st.rows is None:
             return
@@ -787,8 +790,21 @@ class SaturnScheduler(TrialScheduler):
         else:
             self._planner.extra_steps[tid] = max(0, st.rows.steps - st.horizon)
 
+    def _on_reused_actor(self, result: Mapping[str, Any]) -> bool:
+        """Whether a (re)launch's first result came from the process of an actor an earlier trial ran in
+        (Tune's ``reuse_actors=True``): Tune fills every result's ``pid`` and ``hostname``."""
+        pid = result.get("pid")
+        if pid is None:
+            return False
+        key = (result.get("hostname") or result.get("node_ip"), pid)
+        seen = key in self._actor_processes
+        self._actor_processes.add(key)
+        return seen
+
     def _update_restart_cost(self) -> None:
         if not self._measure_restart:
+            return
+        if not (self._alone_latencies or self._latencies):
             return
         # A move restarts one trial; a mass start (every trial of a search's first plan at once) is slower.
         cost = statistics.median(self._alone_latencies or self._latencies)
