@@ -408,6 +408,7 @@ def run_search(kind: str, table: ProfileTable, args, rows, steps, storage: str) 
             restart_s_measured=round(st.restart_s / args.time_scale, 1),
             hook_ms={k: round(v, 1) for k, v in st.hook_ms.items()},
             hook_cpu_ms={k: round(v, 1) for k, v in st.hook_cpu_ms.items()},
+            hook_process_cpu_ms={k: round(v, 1) for k, v in st.hook_process_cpu_ms.items()},
             planner=st.planner,
             scheduler_max_gpus_in_use=st.max_gpus_in_use,
             launch_latencies_s=st.launch_latencies_s,

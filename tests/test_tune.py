@@ -626,6 +626,30 @@ def test_a_hook_that_computes_shows_its_cpu_time(fake_tune, no_background):
     stats = s.stats()
     assert stats.hook_cpu_ms["on_trial_add"] >= 60.0
     assert stats.hook_ms["on_trial_add"] >= stats.hook_cpu_ms["on_trial_add"] - 1.0
+    assert stats.hook_process_cpu_ms["on_trial_add"] >= stats.hook_cpu_ms["on_trial_add"] - 1.0
+
+
+def test_a_hook_shows_the_cpu_other_threads_of_the_driver_took_meanwhile(fake_tune, no_background):
+    """``hook_process_cpu_ms`` counts every thread of the process: a hook that waits while another thread
+    computes shows little CPU of its own and much of the process's."""
+    spun = threading.Event()
+
+    def spin():
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.1:
+            pass
+        spun.set()
+
+    def waits(config):
+        threading.Thread(target=spin, daemon=True).start()
+        assert spun.wait(30)
+        return scaling(config)
+
+    s = SaturnScheduler(waits, cluster=ClusterSpec.uniform(1, 4), clock=Clock())
+    fake_tune(s).add("a", {"steps": 100, "lr": 0.1})
+    stats = s.stats()
+    assert stats.hook_process_cpu_ms["on_trial_add"] >= 100.0
+    assert stats.hook_cpu_ms["on_trial_add"] < stats.hook_process_cpu_ms["on_trial_add"] - 80.0
 
 
 def test_profile_table_rows_are_taken_as_they_are_with_knobs(fake_tune, no_background):
