@@ -39,6 +39,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config) -> None:
+    import contextlib
     import faulthandler
     import gc
     import os
@@ -58,8 +59,6 @@ def pytest_unconfigure(config) -> None:
 
         pyarrow.fs.ensure_s3_finalized()
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(_EXIT_STATUS[-1])
