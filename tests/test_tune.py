@@ -133,7 +133,8 @@ def no_background(monkeypatch):
 
 @pytest.fixture
 def inline_background(monkeypatch):
-    """The background solve runs at once in the calling thread (deterministic); its plan is applied next step."""
+    """The background solve runs at once in the calling thread (deterministic), in the hook after the
+    re-plan that asked for it; its plan is applied in the hook after that."""
 
     def flush(self):
         from ray_saturn.solver import solve
@@ -398,9 +399,10 @@ def test_move_when_gain_beats_measured_restart_and_only_after_tune_paused(
     assert s.stats().restart_s == pytest.approx(latency_s if measure else 1.0)
     assert s.stats().launch_latencies_s == [pytest.approx(latency_s)] * 2
     tune.complete("b")  # stopped early: its 2 GPUs are idle, "a" could use all 4
-    assert tune.step() == []  # the re-plan is solved in the background ...
+    assert tune.step() == []  # a quick plan; the background solves it from the next hook ...
     clock.t += 0.5
-    assert tune.step() == []  # ... and applied here; "a" holds its GPUs until Tune has paused it
+    assert tune.step() == []  # ... (at once, in this test) ...
+    assert tune.step() == []  # ... and it is applied here; "a" holds its GPUs until Tune has paused it
     if not moves:
         assert tune.result("a", 24, 0.5) == "CONTINUE" and s.moves == []
         return
@@ -753,6 +755,10 @@ def test_a_launch_on_a_reused_actor_is_not_a_measure_of_the_restart_cost(fake_tu
     assert st.reused_actor_launches == 1 and st.reused_launch_latencies_s == [pytest.approx(0.5)]
 
 
+def st_solves(s) -> int:
+    return s._planner.stats.background_solves
+
+
 def test_hooks_never_wait_on_the_solver_and_apply_background_plans(fake_tune, monkeypatch):
     from ray_saturn.solver import solve as real_solve
 
@@ -768,12 +774,17 @@ def test_hooks_never_wait_on_the_solver_and_apply_background_plans(fake_tune, mo
     tune = fake_tune(s)
     for i in range(12):
         tune.add(f"t{i}", {"steps": 50 + 10 * i})
-    tune.step()
+    tune.step()  # a quick plan; its input goes to the background from the next hook
+    assert s._flush_due and s._planner._candidate is not None  # nothing handed over in that hook
+    tune.step()  # hands it over
+    assert not s._flush_due and s._planner._candidate is None
     assert s._planner.wait(timeout_s=60)
     clock.t = 1.0
-    tune.step()  # the finished background plan is applied (or found to change nothing)
+    tune.step()  # takes the finished plan in
+    assert st_solves(s) == 1 and s._planner.fresh
+    tune.step()  # applies it (or finds it changes nothing)
     st = s.stats()
-    assert st.planner["background_solves"] >= 1
+    assert st.planner["background_solves"] >= 1 and not s._planner.fresh
     assert all(limit <= planner_mod.NO_SEARCH_S for in_hook, limit in calls if in_hook)  # only cheap plans in hooks
     assert any(limit > 0 for in_hook, limit in calls if not in_hook)
     assert st.max_hook_ms < 2000  # generous: a loaded 2-core CI machine

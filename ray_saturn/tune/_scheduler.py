@@ -256,6 +256,9 @@ class SaturnScheduler(TrialScheduler):
         >>> #            tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=scheduler)).fit()
     """
 
+    #: A re-plan's input waits to be handed to the background (see ``_step``).
+    _flush_due = False
+
     def __init__(
         self,
         estimate: Callable[[Mapping[str, Any]], Any],
@@ -557,9 +560,24 @@ class SaturnScheduler(TrialScheduler):
         wake = ctl.next_wakeup_s()
         if wake is not None and now >= wake:
             actions += ctl.handle(Tick(time_s=now))
+        # At most one costly planning step per hook (each a few ms; together they made the longest
+        # hooks): a re-plan, handing its input to the background, taking a finished background plan
+        # in, or applying it. What is left waits for the next hook; Tune calls choose_trial_to_run
+        # many times a second.
         if len(ctl.replans) > replans:
-            self._planner.flush()  # solve the newest state in the background
-        newest = self._planner.newest if self._planner.poll() else None
+            self._flush_due = True  # solve the newest state in the background, from the next hook
+            newest = None
+        elif self._flush_due:
+            self._flush_due = False
+            self._planner.flush()
+            newest = None
+        else:
+            stats = self._planner.stats
+            taken = stats.background_solves + stats.background_failures
+            fresh = self._planner.poll()
+            # One that just arrived (unpickled in this hook) is applied in the next.
+            newest = self._planner.newest if fresh and taken == stats.background_solves + stats.background_failures \
+                else None
         if newest is not None and (ctl.done or (ctl.plan is not None and same_decisions(newest, ctl.plan))):
             self._planner.consume(applied=False)  # nothing to change
         elif newest is not None:
