@@ -6,9 +6,9 @@ loop, so :class:`BackgroundPlanner` answers it at once with a *quick plan*
 (:func:`quick_plan`, a few milliseconds for tens of trials): the best of the
 baseline policies' schedules and the replay, on the current state, of the
 plan being followed and of the newest plan the background finished (moves
-included). The same input then goes to the background, which runs the full
-solver with the plan being followed as its start; a newer input replaces one
-that has not started yet (latest wins). The background is a Ray actor when
+included). The same input then goes to the background (from the scheduler's
+next hook), which runs the full solver with the plan being followed as its
+start; a newer input replaces one that has not started yet (latest wins). The background is a Ray actor when
 Ray is running (a process of its own, so a solve never holds the GIL of
 Tune's driver), else a thread. When a background plan is ready,
 :meth:`BackgroundPlanner.poll` says so and the scheduler asks the controller

@@ -24,9 +24,11 @@ The move rule is the controller's: a running trial moves only when the
 predicted gain exceeds the measured restart cost; if its target GPUs are
 busy it waits for them held PAUSED, like a trial not started yet.
 Re-planning never blocks a hook: the controller's solve calls return the
-best cheap plan at once, and a background thread runs the full solver
-(:mod:`ray_saturn.tune._planner`); a finished background plan is applied in
-the next hook. Events are batched per Tune step (all trials a searcher adds
+best cheap plan at once, and a background actor (a thread without Ray) runs
+the full solver (:mod:`ray_saturn.tune._planner`). A hook does at most one
+costly planning step (a re-plan, handing its input to the background, taking
+a finished background plan in, applying it); the rest waits for the next
+hook. Events are batched per Tune step (all trials a searcher adds
 in one step are planned together).
 
 Tune-only parts stay here: trials waiting for their GPUs are held as PAUSED
