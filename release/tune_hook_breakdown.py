@@ -16,9 +16,11 @@ them when they change.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import json
+import re
 import runpy
 import sys
 import time
@@ -46,11 +48,17 @@ def _ms(seconds: float) -> float:
     return round(1000 * seconds, 2)
 
 
+def _kind(reason: str) -> str:
+    """A re-plan's reason without its trial ids and figures, so that reasons of one kind count together."""
+    return re.sub(r"[0-9a-f]{5}_[0-9]{5}|[-+]?[0-9][0-9.]*", "#", reason)[:80]
+
+
 def main() -> int:
     parts: dict[str, float] = {}
     calls: list[dict[str, Any]] = []
     quick_inputs: list[tuple[tuple, dict]] = []
     in_run: list[float] = []
+    schedulers: list[Any] = []
 
     def wrap(label: str, cls: type, name: str) -> None:
         orig = getattr(cls, name)
@@ -82,6 +90,8 @@ def main() -> int:
 
     @contextlib.contextmanager
     def hook(self, name: str):
+        if not schedulers or schedulers[-1] is not self:
+            schedulers.append(self)
         parts.clear()
         t0, c0 = time.perf_counter(), time.thread_time()
         with orig_hook(self, name):
@@ -112,6 +122,11 @@ def main() -> int:
     for c in calls:
         for label, _, _ in PARTS:
             totals[label] = totals.get(label, 0.0) + c.get(label, 0.0)
+    reasons: collections.Counter[str] = collections.Counter()
+    for sched in schedulers:
+        for record in getattr(sched.controller, "replans", []) if sched.controller is not None else []:
+            for reason in record.reasons:
+                reasons[_kind(reason)] += 1
     by_wall = sorted(calls, key=lambda c: -c["wall_ms"])
     by_cpu = sorted(calls, key=lambda c: -c["cpu_ms"])
     out = {
@@ -119,6 +134,8 @@ def main() -> int:
         "hooks_wall_ms": round(sum(c["wall_ms"] for c in calls)),
         "hooks_cpu_ms": round(sum(c["cpu_ms"] for c in calls)),
         "parts_cpu_ms": {k: round(v) for k, v in totals.items()},
+        "replans": sum(len(sched.controller.replans) for sched in schedulers if sched.controller is not None),
+        "replan_reasons": dict(reasons.most_common()),
         "slowest_by_wall": by_wall[:SHOWN],
         "slowest_by_cpu": by_cpu[:SHOWN],
         "quick_plans": len(quick_inputs),

@@ -14,6 +14,7 @@ sys.path.insert(0, str(RELEASE))
 
 import tune_asha_model  # noqa: E402
 import tune_benchmark  # noqa: E402
+import tune_hook_breakdown  # noqa: E402
 
 
 def _details(path: Path, saturn: float, plain_1: float, plain_node: float) -> str:
@@ -127,3 +128,13 @@ def test_summary_shows_the_work_bound_of_fixed_stop_runs(tmp_path, capsys):
     path.write_text(json.dumps(d))
     assert tune_benchmark.summarize([str(path)]) == 0
     assert "work bound (--stops fixed) 50 s: saturn 1.60x of it, better plain 2.00x" in capsys.readouterr().out
+
+
+def test_hook_breakdown_wraps_methods_that_exist_and_counts_reasons_of_one_kind_together():
+    # It wraps private methods: a rename must fail here, not at the end of a 6-minute run.
+    for label, cls, name in tune_hook_breakdown.PARTS:
+        assert callable(getattr(cls, name, None)), (label, cls, name)
+    kind = tune_hook_breakdown._kind
+    one, other = "eacd7_00020 finished +12 s from its plan", "fc6d6_00003 finished -3.5 s from its plan"
+    assert kind(one) == kind(other) == "# finished # s from its plan"
+    assert kind("a plan finished in the background") == "a plan finished in the background"
