@@ -8,10 +8,11 @@ baseline policies' schedules and the replay, on the current state, of the
 plan being followed and of the newest plan the background finished (moves
 included). The same input then goes to the background (from the scheduler's
 next hook), which runs the full solver with the plan being followed as its
-start; a newer input replaces one that has not started yet (latest wins). The background is a Ray actor when
-Ray is running (a process of its own, so a solve never holds the GIL of
-Tune's driver), else a thread. When a background plan is ready,
-:meth:`BackgroundPlanner.poll` says so and the scheduler asks the controller
+start; a newer input replaces one that has not started yet (latest wins).
+The background is a Ray actor when Ray is running (a process of its own, so
+a solve never holds the GIL of Tune's driver), else a thread. When a
+background plan is ready, :meth:`BackgroundPlanner.receive` takes it in and
+the scheduler, in its next hook, asks the controller
 to re-plan: the quick plan then replays that plan on the state of that
 moment, and the controller's move rule decides whether its moves pay.
 
@@ -470,16 +471,22 @@ class BackgroundPlanner:
         if call is not None:
             self._get_backend().submit(call)
 
+    def receive(self, timeout_s: float = 0.0) -> bool:
+        """Take in a background solve that finished; True when one did (a plan, or a failure)."""
+        if self._backend is None:
+            return False
+        plan, secs, failed = self._backend.poll(timeout_s)
+        self.stats.background_time_s += secs
+        if failed:
+            self.stats.background_failures += 1
+        if plan is not None:
+            self.stats.background_solves += 1
+            self.newest, self.fresh = plan, True
+        return plan is not None or failed
+
     def poll(self, timeout_s: float = 0.0) -> bool:
         """Take in a background plan that finished; True when one is fresh (not applied yet)."""
-        if self._backend is not None:
-            plan, secs, failed = self._backend.poll(timeout_s)
-            self.stats.background_time_s += secs
-            if failed:
-                self.stats.background_failures += 1
-            if plan is not None:
-                self.stats.background_solves += 1
-                self.newest, self.fresh = plan, True
+        self.receive(timeout_s)
         return self.fresh
 
     def consume(self, applied: bool = True) -> None:

@@ -573,13 +573,10 @@ class SaturnScheduler(TrialScheduler):
             self._flush_due = False
             self._planner.flush()
             newest = None
+        elif self._planner.receive():
+            newest = None  # taken in (unpickled) in this hook: applied in the next
         else:
-            stats = self._planner.stats
-            taken = stats.background_solves + stats.background_failures
-            fresh = self._planner.poll()
-            # One that just arrived (unpickled in this hook) is applied in the next.
-            newest = self._planner.newest if fresh and taken == stats.background_solves + stats.background_failures \
-                else None
+            newest = self._planner.newest if self._planner.fresh else None
         if newest is not None and (ctl.done or (ctl.plan is not None and same_decisions(newest, ctl.plan))):
             self._planner.consume(applied=False)  # nothing to change
         elif newest is not None:
