@@ -197,6 +197,11 @@ def _worker(rank: int, world: int, port: int, args, strategies: list[str], root:
         if rank == 0:
             with open(os.path.join(root, f"results-{world}.json"), "w") as f:
                 json.dump(results, f)
+        if world > 1:
+            # Every rank is done with its collectives before any tears its process group down: a
+            # rank that closed its connections while a peer was still in one aborted that peer
+            # ("terminate called without an active exception", once in a full suite run).
+            dist.barrier()
     finally:
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
