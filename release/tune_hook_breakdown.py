@@ -58,7 +58,7 @@ def main() -> int:
     calls: list[dict[str, Any]] = []
     quick_inputs: list[tuple[tuple, dict]] = []
     in_run: list[float] = []
-    schedulers: list[Any] = []
+    schedulers: dict[int, Any] = {}  # every SaturnScheduler whose hooks ran, by id
 
     def wrap(label: str, cls: type, name: str) -> None:
         orig = getattr(cls, name)
@@ -90,8 +90,7 @@ def main() -> int:
 
     @contextlib.contextmanager
     def hook(self, name: str):
-        if not schedulers or schedulers[-1] is not self:
-            schedulers.append(self)
+        schedulers[id(self)] = self
         parts.clear()
         t0, c0 = time.perf_counter(), time.thread_time()
         with orig_hook(self, name):
@@ -122,11 +121,8 @@ def main() -> int:
     for c in calls:
         for label, _, _ in PARTS:
             totals[label] = totals.get(label, 0.0) + c.get(label, 0.0)
-    reasons: collections.Counter[str] = collections.Counter()
-    for sched in schedulers:
-        for record in getattr(sched.controller, "replans", []) if sched.controller is not None else []:
-            for reason in record.reasons:
-                reasons[_kind(reason)] += 1
+    controllers = [sched.controller for sched in schedulers.values() if sched.controller is not None]
+    reasons = collections.Counter(_kind(r) for ctl in controllers for record in ctl.replans for r in record.reasons)
     by_wall = sorted(calls, key=lambda c: -c["wall_ms"])
     by_cpu = sorted(calls, key=lambda c: -c["cpu_ms"])
     out = {
@@ -134,7 +130,7 @@ def main() -> int:
         "hooks_wall_ms": round(sum(c["wall_ms"] for c in calls)),
         "hooks_cpu_ms": round(sum(c["cpu_ms"] for c in calls)),
         "parts_cpu_ms": {k: round(v) for k, v in totals.items()},
-        "replans": sum(len(sched.controller.replans) for sched in schedulers if sched.controller is not None),
+        "replans": sum(len(ctl.replans) for ctl in controllers),
         "replan_reasons": dict(reasons.most_common()),
         "slowest_by_wall": by_wall[:SHOWN],
         "slowest_by_cpu": by_cpu[:SHOWN],

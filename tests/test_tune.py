@@ -755,10 +755,6 @@ def test_a_launch_on_a_reused_actor_is_not_a_measure_of_the_restart_cost(fake_tu
     assert st.reused_actor_launches == 1 and st.reused_launch_latencies_s == [pytest.approx(0.5)]
 
 
-def st_solves(s) -> int:
-    return s._planner.stats.background_solves
-
-
 def test_hooks_never_wait_on_the_solver_and_apply_background_plans(fake_tune, monkeypatch):
     from ray_saturn.solver import solve as real_solve
 
@@ -781,7 +777,7 @@ def test_hooks_never_wait_on_the_solver_and_apply_background_plans(fake_tune, mo
     assert s._planner.wait(timeout_s=60)
     clock.t = 1.0
     tune.step()  # takes the finished plan in
-    assert st_solves(s) == 1 and s._planner.fresh
+    assert s._planner.stats.background_solves == 1 and s._planner.fresh
     tune.step()  # applies it (or finds it changes nothing)
     st = s.stats()
     assert st.planner["background_solves"] >= 1 and not s._planner.fresh
