@@ -23,7 +23,11 @@ on ``ray_saturn.sim.simulate`` (no noise: the Pollux simulator has none
 either), one workload and policy per command, each result cached as JSON
 under ``--out``; ``--table`` prints the markdown table from the cache and the
 recorded Pollux-simulator figures (``pollux_baselines.json``, written by
-``--record-pollux DIR`` from that simulator's printed output).
+``--record-pollux DIR`` from that simulator's printed output). Each result
+also says where the GPU time went (:class:`Waste`: idle, set-up, and per app
+the GPU time beyond the least GPU-seconds of the work), to the last arrival
+and over the whole run: a makespan is the least work over the cluster plus
+those parts, so the parts say what a policy must save to reach another's.
 
 Usage:
     python release/online_benchmark.py --workload 6 --policy saturn-online
@@ -39,6 +43,8 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -97,6 +103,52 @@ def convert(k: int, root: Path = DEFAULT_ROOT, *, startup_column: bool | None = 
     return rows, arrivals
 
 
+@dataclass(frozen=True)
+class Waste:
+    """Where a run's GPU time went, in seconds of the whole cluster (GPU-seconds / its GPUs).
+
+    ``work_s``: the least GPU-seconds of the work done (each task's progress x its least
+    GPU-seconds over its rows); ``idle_s``: GPUs held by no task; ``setup_s``: GPUs held during
+    a segment's set-up (launch, restart); ``inefficiency_s``: per app, GPUs held while stepping
+    beyond the work's least GPU-seconds (a wide row's lower efficiency, steps lost to a stop).
+    Over a whole run they add up to its makespan; any schedule's makespan is the same sum, so
+    against another policy the parts say where the difference is."""
+
+    work_s: float
+    idle_s: float
+    setup_s: float
+    inefficiency_s: dict[str, float]
+
+    def to_dict(self) -> dict:
+        return {"work_s": round(self.work_s, 1), "idle_s": round(self.idle_s, 1), "setup_s": round(self.setup_s, 1),
+                "inefficiency_s": {a: round(v, 1) for a, v in sorted(self.inefficiency_s.items())}}
+
+
+def waste(tasks, least_area: Mapping[str, float], total_steps: Mapping[str, int], app: Mapping[str, str],
+          gpus: int, upto: float) -> Waste:
+    """:class:`Waste` of simulated ``tasks`` (:class:`~ray_saturn.sim.TaskRecord`) from 0 to ``upto``;
+    a segment's steps are spread evenly over its time after set-up (exact without noise)."""
+    held = setup = work = 0.0
+    ineff: dict[str, float] = {}
+    for t in tasks:
+        for s in t.segments:
+            end = s.end_s if s.end_s is not None else upto
+            a, b = s.start_s, min(end, upto)
+            if b <= a:
+                continue
+            set_up = min(s.setup_s, b - a)
+            stepping = b - a - set_up
+            span = end - s.start_s - s.setup_s
+            steps = (s.steps_end or s.steps_start) - s.steps_start
+            done = steps * (stepping / span if span > 0 else 1.0)
+            least = done / total_steps[t.task] * least_area[t.task]
+            held += s.gpus * (b - a)
+            setup += s.gpus * set_up
+            work += least
+            ineff[app[t.task]] = ineff.get(app[t.task], 0.0) + s.gpus * stepping - least
+    return Waste(work / gpus, upto - held / gpus, setup / gpus, {a: v / gpus for a, v in ineff.items()})
+
+
 def simulate_one(k: int, policy: str, *, solver_time_limit_s: float, root: Path = DEFAULT_ROOT) -> dict:
     from ray_saturn import ClusterSpec, ProfileTable
     from ray_saturn.sim import SimConfig, simulate
@@ -117,6 +169,10 @@ def simulate_one(k: int, policy: str, *, solver_time_limit_s: float, root: Path 
     by_app: dict[str, list[float]] = {}
     for t in r.tasks:
         by_app.setdefault(app_of[t.task], []).append(t.finish_s - t.arrival_s)
+    least = {t: min(r["gpus"] * r["steps"] * r["step_time_s"] for r in rows if r["task"] == t) for t in arrivals}
+    steps = {r["task"]: r["steps"] for r in rows}
+    gpus = NODES * GPUS_PER_NODE
+    last = max(arrivals.values())
     return {
         "workload": k,
         "policy": policy,
@@ -128,6 +184,9 @@ def simulate_one(k: int, policy: str, *, solver_time_limit_s: float, root: Path 
         "wall_s": round(time.perf_counter() - t0, 1),
         "utilisation": round(r.utilisation, 4),
         "mean_jct_by_app_s": {a: round(sum(v) / len(v), 1) for a, v in sorted(by_app.items())},
+        # Where the GPU time went, to the last arrival and over the whole run (see Waste).
+        "waste_to_last_arrival": waste(r.tasks, least, steps, app_of, gpus, last).to_dict(),
+        "waste": waste(r.tasks, least, steps, app_of, gpus, r.makespan_s).to_dict(),
         "command": f"python release/online_benchmark.py --workload {k} --policy {policy}",
     }
 
