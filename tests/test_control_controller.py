@@ -209,6 +209,12 @@ def test_min_gap_defers_replans_to_a_wakeup():
     out = ctl.handle(Tick(time_s=50.0))
     assert len(plans) == 2 and len(ctl.replans[-1].reasons) == 2
     assert [a.task for a in out] == ["b"]
+    # A caller's reason asked for again while the gap holds is pending once.
+    for t in (60.0, 70.0, 80.0):
+        ctl.request_replan(t, "a better plan is ready")
+    assert len(plans) == 2 and ctl.next_wakeup_s() == pytest.approx(100.0)
+    ctl.handle(Tick(time_s=100.0))
+    assert len(plans) == 3 and ctl.replans[-1].reasons == ["a better plan is ready"]
 
 
 def test_bad_inputs_are_one_line_errors():

@@ -366,8 +366,10 @@ class Controller:
 
     def request_replan(self, now_s: float, reason: str) -> list[Action]:
         """Re-plan at ``now_s`` for a reason only the caller knows, e.g. a better plan
-        finished in the background; the minimum gap between re-plans still applies."""
-        self._pending.append((reason, False))
+        finished in the background; the minimum gap between re-plans still applies (a reason
+        asked for again while it waits is pending once)."""
+        if (reason, False) not in self._pending:
+            self._pending.append((reason, False))
         return self.handle(Tick(time_s=now_s))
 
     def report_progress(
