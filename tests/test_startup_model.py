@@ -3,6 +3,8 @@ and the re-planning rules that keep a run from re-planning on every report."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from ray_saturn import ClusterSpec, PlanError, ProfileError, ProfileTable, SaturnError, validate_plan
@@ -184,3 +186,53 @@ def test_fake_run_with_start_up_realises_its_plan(tmp_path):
     assert result.state == "finished"
     assert result.realised_makespan_s == pytest.approx(result.planned_makespan_s, rel=0.05)
     assert result.replans <= 2 * len(prof.tasks)
+
+
+def test_a_restart_in_place_at_zero_is_carrying_on_and_validates():
+    """With no restart cost, "restart task a at 0 on its own configuration and nodes" and "keep a
+    running" look the same to the validator and the controller: the plan says carry on, with no
+    start-up (a makespan search once picked the restart option there, and its plan was refused)."""
+    profile, cluster = _table(), ClusterSpec.uniform(2, 2)
+    ctx = PlanningContext(running=(RunningTask("a", "ddp", 1, ("node-1",), restart_s=0.0),))
+    problem = build_problem(profile, cluster, ctx, prune=False)
+    t = problem.tasks.index("a")
+    kept = problem.pinned_option(t)
+    fresh = next(i for i, o in enumerate(problem.options[t])
+                 if not o.pinned and o.gpus == 1 and o.config == problem.options[t][kept].config)
+    assert problem.options[t][fresh].duration_s == pytest.approx(15.0 + 100.0)  # start-up + steps
+    # a on node-1 "restarted" in place at 0; b and c on node-0 (their first option), one after the other.
+    b, c = problem.tasks.index("b"), problem.tasks.index("c")
+    option = [fresh if i == t else 0 for i in range(problem.num_tasks)]
+    node_of = [(1,) if i == t else (0,) for i in range(problem.num_tasks)]
+    starts = [0.0] * problem.num_tasks
+    starts[c] = problem.options[b][0].duration_s
+    plan = problem.to_plan(problem.schedule(option, starts, node_of), policy="t", lower_bound_s=0.0, solve_time_s=0.0)
+    a = plan.assignment("a")
+    assert (a.nodes, a.start_s, a.setup_s, a.end_s) == (("node-1",), 0.0, 0.0, pytest.approx(100.0))
+    validate_plan(plan, profile, cluster, ctx)
+    # Started later on the same nodes it is a stop and a restart, with its start-up: not changed.
+    starts[t] = 5.0
+    later = problem.to_plan(problem.schedule(option, starts, node_of), policy="t", lower_bound_s=0.0, solve_time_s=0.0)
+    assert later.assignment("a").end_s == pytest.approx(5.0 + 115.0)
+
+
+@pytest.mark.parametrize("objective", ["makespan", "online"])
+def test_online_runs_with_start_ups_and_no_restart_cost_plan_validly(objective):
+    """Arrivals, a start-up column and no separate restart cost (the online benchmark's setting):
+    every re-plan is validated when it is made, and every task ends. Seed 6 made a makespan
+    search restart a running task in place, and its plan was refused."""
+    from ray_saturn.sim import SimConfig, simulate
+
+    for seed in (6, 11, 23):
+        rng = random.Random(seed)
+        rows, arrivals = [], {}
+        for i in range(8):
+            steps, base = rng.randint(50, 400), rng.uniform(0.5, 3.0)
+            for g in (1, 2, 4):
+                rows.append({"task": f"t{i}", "strategy": "ddp", "gpus": g, "steps": steps,
+                             "step_time_s": base / g ** rng.uniform(0.6, 0.95), "startup_s": 30.0})
+            arrivals[f"t{i}"] = 0.0 if i < 3 else rng.uniform(0, 600)
+        cfg = SimConfig(restart_s=0.0, arrivals=arrivals, solver_time_limit_s=0.5, deterministic=True,
+                        objective=objective)
+        r = simulate(ProfileTable.from_rows(rows), ClusterSpec.uniform(2, 4), "saturn-replan", cfg)
+        assert all(t.state == "finished" for t in r.tasks) and len(r.tasks) == 8

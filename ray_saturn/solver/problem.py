@@ -213,6 +213,20 @@ class Problem:
                 return i, nodes
         return None
 
+    def _kept_in_place(self, t: int, o: int, start: float, nodes: tuple[int, ...]) -> Option | None:
+        """Running task t's pinned option, when the schedule "restarts" it at 0 on its own
+        configuration and nodes: that is carrying on, which needs no start-up (the plan says
+        so, as the validator and the controller read it). ``None`` otherwise."""
+        p = self.pinned_option(t)
+        if p is None or o == p or start > 0:
+            return None
+        here, opt = self.options[t][p], self.options[t][o]
+        same = (opt.config.strategy, opt.gpus, opt.k, opt.config.gpu_type) == (
+            here.config.strategy, here.gpus, here.k, here.config.gpu_type)
+        if not same or here.pinned_devices is not None or set(nodes) != set(here.pinned_nodes):
+            return None
+        return here
+
     def durations(self, choice: list[int]) -> list[float]:
         return [self.options[t][o].duration_s for t, o in enumerate(choice)]
 
@@ -232,15 +246,19 @@ class Problem:
         for t, name in enumerate(self.tasks):
             opt = self.options[t][sched.option[t]]
             start = float(sched.start[t])
+            nodes = tuple(sched.nodes[t])
             devices = None
             if sched.devices is not None:
                 devices = {self.node_names[n]: ds for n, ds in sched.devices[t].items()}
+            here = self._kept_in_place(t, sched.option[t], start, nodes)
+            if here is not None:
+                opt, nodes = here, here.pinned_nodes
             assignments.append(
                 Assignment(
                     task=name,
                     strategy=opt.config.strategy,
                     gpus=opt.config.gpus,
-                    nodes=tuple(self.node_names[n] for n in sched.nodes[t]),
+                    nodes=tuple(self.node_names[n] for n in nodes),
                     start_s=start,
                     end_s=start + opt.duration_s,
                     setup_s=opt.setup_s,
