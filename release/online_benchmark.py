@@ -169,8 +169,12 @@ def simulate_one(k: int, policy: str, *, solver_time_limit_s: float, root: Path 
     by_app: dict[str, list[float]] = {}
     for t in r.tasks:
         by_app.setdefault(app_of[t.task], []).append(t.finish_s - t.arrival_s)
-    least = {t: min(r["gpus"] * r["steps"] * r["step_time_s"] for r in rows if r["task"] == t) for t in arrivals}
-    steps = {r["task"]: r["steps"] for r in rows}
+    least: dict[str, float] = {}
+    steps: dict[str, int] = {}
+    for row in rows:
+        task = row["task"]
+        least[task] = min(least.get(task, float("inf")), row["gpus"] * row["steps"] * row["step_time_s"])
+        steps[task] = row["steps"]
     gpus = NODES * GPUS_PER_NODE
     last = max(arrivals.values())
     return {
