@@ -220,12 +220,11 @@ class Problem:
         p = self.pinned_option(t)
         if p is None or o == p or start > 0:
             return None
-        here, opt = self.options[t][p], self.options[t][o]
-        same = (opt.config.strategy, opt.gpus, opt.k, opt.config.gpu_type) == (
-            here.config.strategy, here.gpus, here.k, here.config.gpu_type)
-        if not same or here.pinned_devices is not None or set(nodes) != set(here.pinned_nodes):
+        here = self.options[t][p]
+        # Both options are made from the same profile row when the schedule restarts it on its own.
+        if self.options[t][o].config != here.config or here.pinned_devices is not None:
             return None
-        return here
+        return here if set(nodes) == set(here.pinned_nodes) else None
 
     def durations(self, choice: list[int]) -> list[float]:
         return [self.options[t][o].duration_s for t, o in enumerate(choice)]
