@@ -265,7 +265,7 @@ def test_a_task_stopped_to_restart_wider_later_waits_queued_and_relaunches(objec
     rule for every objective; a makespan run used to drop such plans, 0.8 moves per simulated run
     instead of 7.7), and the stopped task waits queued, keeps its steps and is launched again."""
     ctl = Controller(_wider_later_profile(), ClusterSpec.uniform(1, 4), "saturn-replan", restart_s=10.0,
-                     solver_time_limit_s=2, deterministic=True, objective=objective)
+                     solver_time_limit_s=2, deterministic=True, objective=objective, backfill=False)
     assert sorted((a.task, a.placement.gpus) for a in ctl.start(0.0)) == [("long", 2), ("short", 2)]
     ctl.report_progress("short", 30, 30.0, step_time_s=1.0)
     # "long" runs at 2 s/step: on 2 GPUs 1960 s more; stopped until "short" ends (170 s), then 4 GPUs: ~1770 s.
@@ -279,3 +279,26 @@ def test_a_task_stopped_to_restart_wider_later_waits_queued_and_relaunches(objec
     relaunch = [a for a in ctl.handle(TaskFinished(time_s=200.0, task="short")) if a.kind == "launch"]
     assert [(a.task, a.placement.gpus, a.steps_done) for a in relaunch] == [("long", 4, 15)]
     assert ctl.handle(TaskFinished(time_s=1800.0, task="long")) == [] and ctl.done and ctl.moves == 1
+
+
+def test_with_backfill_a_task_moved_to_a_later_start_runs_on_where_it_is_until_its_turn():
+    """The same move with backfill (the ``online`` default): "long" is not stopped to wait idle for
+    170 s; it steps on on its 2 GPUs and is stopped when its planned turn comes, then relaunched on
+    4 GPUs with the steps it made meanwhile and the restart set-up; one move."""
+    ctl = Controller(_wider_later_profile(), ClusterSpec.uniform(1, 4), "saturn-replan", restart_s=10.0,
+                     solver_time_limit_s=2, deterministic=True, objective="online")
+    assert ctl.backfill
+    assert sorted((a.task, a.placement.gpus) for a in ctl.start(0.0)) == [("long", 2), ("short", 2)]
+    ctl.report_progress("short", 30, 30.0, step_time_s=1.0)
+    assert ctl.report_progress("long", 15, 30.0, step_time_s=2.0) == []
+    (d,) = ctl.replans[-1].moves
+    assert d.move and ctl.state("long").state is TaskState.RUNNING and ctl.moves == 0
+    assert ctl.planned["long"].placement.gpus == 4
+    ctl.report_progress("long", 100, 200.0, step_time_s=2.0)
+    actions = ctl.handle(TaskFinished(time_s=200.0, task="short"))
+    assert [(a.kind, a.task) for a in actions] == [("stop", "long"), ("launch", "long")]
+    stop, launch = actions
+    assert "moved" in stop.reason and stop.target.gpus == 4
+    assert (launch.placement.gpus, launch.steps_done, launch.setup_s) == (4, 100, pytest.approx(10.0))
+    assert ctl.moves == 1 and ctl.backfills == 0
+    assert [(s.gpus, s.steps_start, s.steps_end) for s in ctl.state("long").segments] == [(2, 0, 100), (4, 100, None)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ray_saturn import ClusterSpec, ProfileTable
+from ray_saturn import ClusterSpec, ProfileTable, SaturnError
 from ray_saturn.runtime.driver import (
     EVENTS_FILE,
     STATE_FILE,
@@ -259,3 +259,39 @@ def test_a_finished_segments_workers_run_the_next_task_of_its_shape_without_a_ne
     # A reused launch's short start is no evidence of what a move's new trainer costs.
     assert len(d._latencies) == 2
     assert result.realised_makespan_s <= plain.realised_makespan_s - 19.0
+
+
+def test_a_backfilled_task_runs_narrow_then_moves_onto_its_planned_row(tmp_path):
+    """Backfill through the driver: "big" waits for all 4 GPUs in the plan, runs on the idle one
+    meanwhile, is stopped (checkpoint) when "a" ends and relaunched on 4 GPUs from its checkpoint."""
+    rows = [
+        {"task": "a", "strategy": "ddp", "gpus": 3, "step_time_s": 1.0, "steps": 300},
+        {"task": "big", "strategy": "ddp", "gpus": 4, "step_time_s": 1.0, "steps": 200},
+        {"task": "big", "strategy": "single", "gpus": 1, "step_time_s": 4.0, "steps": 200},
+    ]
+    launcher = FakeLauncher(launch_latency_s=0.0)
+    mgr = LedgerManager(ClusterSpec.uniform(1, 4))
+    d = Driver(ProfileTable.from_rows(rows), mgr, launcher, RunStorage(tmp_path),
+               config(backfill=True, restart_s=1.0, poll_wall_s=1.0, checkpoint_interval_s=5.0),
+               arrivals={"big": 5.0})
+    result = d.run(max_steps=10_000)
+    assert result.state == "finished" and mgr.ledger.reservations() == []
+    segs = result.tasks["big"].segments
+    assert [s.gpus for s in segs] == [1, 4]
+    assert segs[0].status == "stopped" and 0 < segs[0].steps_end == segs[1].steps_start
+    assert result.tasks["big"].steps_done == 200
+    events = RunStorage(tmp_path).read_jsonl(EVENTS_FILE)
+    assert [e["task"] for e in events if e["kind"] == "backfill"] == ["big"]
+    assert any(e["kind"] == "move" and "backfill" in e["reason"] for e in events)
+    # Without backfill the GPU stays idle and "big" runs once, later.
+    d2 = Driver(ProfileTable.from_rows(rows), LedgerManager(ClusterSpec.uniform(1, 4)),
+                FakeLauncher(launch_latency_s=0.0), RunStorage(tmp_path / "plain"),
+                config(backfill=False, restart_s=1.0, poll_wall_s=1.0), arrivals={"big": 5.0})
+    plain = d2.run(max_steps=10_000)
+    assert [s.gpus for s in plain.tasks["big"].segments] == [4]
+    assert result.realised_makespan_s < plain.realised_makespan_s
+
+
+def test_driver_config_backfill_must_be_a_bool_or_none():
+    with pytest.raises(SaturnError, match=r"DriverConfig\.backfill is 'yes'; give True, False or None"):
+        DriverConfig(backfill="yes")

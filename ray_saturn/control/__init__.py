@@ -25,7 +25,9 @@ Pieces (each usable alone):
 - :mod:`~ray_saturn.control.dispatch`: :func:`dispatch` says which queued
   tasks to launch now and where (their planned nodes, in per-node plan order,
   as soon as the GPUs are free); actions :class:`Launch` and :class:`Stop`.
-- :mod:`~ray_saturn.control.controller`: :class:`Controller` composes them.
+- :mod:`~ray_saturn.control.controller`: :class:`Controller` composes them;
+  with ``backfill`` (the ``online`` default) a queued task also runs ahead of
+  its plan on GPUs the plan leaves idle, and stops when the plan needs them.
 
 A driver loop (one event at a time)::
 
@@ -41,7 +43,7 @@ A driver loop (one event at a time)::
             execute(ctl.handle(ev))
 
 ``execute`` runs the actions in order: each :class:`Stop` checkpoints and stops
-a task (it was moved), each :class:`Launch` starts a task on its placement's
+a task (it was moved, or its backfill ended), each :class:`Launch` starts a task on its placement's
 nodes, resuming at ``steps_done`` (after ``setup_s`` of restart for a moved
 task). The controller updates its own ledger of GPUs when it issues them
 (per device: a share 1/k of one GPU holds 1/k of the device its launch names,

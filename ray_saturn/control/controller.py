@@ -72,6 +72,10 @@ logger = logging.getLogger(__name__)
 Action = Launch | Stop
 #: ``online``: the arrival rate that prices a plan's GPU-seconds is measured over this window (s).
 ARRIVAL_WINDOW_S = 3600.0
+#: Backfill: a queued task runs ahead of its plan on idle GPUs when the time the steps it makes there
+#: take off its planned run is at least this many times what the backfill costs (its row's start-up,
+#: and the checkpoint and restart when the plan takes the GPUs back).
+BACKFILL_GAIN = 10.0
 #: ``solve(profile, cluster, policy, *, context, time_limit_s, seed) -> Plan``,
 #: as :func:`ray_saturn.solver.solve`.
 SolveFn = Callable[..., Plan]
@@ -150,6 +154,21 @@ class Controller:
             fraction of the lower bound (solver policies with a ``gap`` option;
             0: the whole time limit). A real run's driver sets it: its solver
             shares the CPU with the training it plans.
+        backfill: let queued tasks run ahead of their plan on GPUs it leaves
+            idle now (a plan gives each task one configuration, so a task
+            waiting for a wide row leaves the GPUs that free up before it idle
+            until then). A queued task takes the row that fits in the idle GPUs
+            and makes the most steps before the plan needs them (its own
+            planned start, or that of a task planned on those nodes), when the
+            time those steps take off its planned run is at least
+            :data:`BACKFILL_GAIN` x the row's start-up plus the checkpoint and
+            restart. The plan takes the GPUs back when it launches a task on
+            their nodes (the backfilled task stops and waits for its planned
+            turn, which now has fewer steps to go), and a re-plan sees it as
+            queued with its progress (kept where it runs if the new plan starts
+            it there at once). ``None`` (default): on for the ``online``
+            objective when relocations are allowed (not under Ray Tune, where
+            a move is a pause and a resize).
     """
 
     def __init__(
@@ -176,6 +195,7 @@ class Controller:
         objective: str = "makespan",
         relocations: bool = True,
         solver_gap: float = 0.0,
+        backfill: bool | None = None,
     ) -> None:
         check_gap(solver_gap, "solver gap", error=SaturnError)
         if restart_s < 0 or not math.isfinite(restart_s):
@@ -252,6 +272,14 @@ class Controller:
         self._least_area: dict[str, float] = {}
         #: ``online``: when the arrival price of the plan being followed lapses (a re-plan then).
         self._price_lapse_s: float | None = None
+        #: tasks running ahead of their plan on GPUs it leaves idle (stopped when the plan needs them),
+        #: each with the set-up its planned launch gets then (checkpoint and restart)
+        self._backfilled: dict[str, float] = {}
+        #: backfilled tasks a move left where they ran (counted as a move when they stop)
+        self._in_place: set[str] = set()
+        self.backfill = (self.objective == "online" and self.relocations) if backfill is None else bool(backfill)
+        #: backfill launches so far
+        self.backfills = 0
 
     # ------------------------------------------------------------ queries
     def state(self, task: str) -> TaskProgress:
@@ -271,6 +299,14 @@ class Controller:
         return Occupancy(
             {n: s.gpus for n, s in self.nodes.items()},
             [p.placement for p in self.tasks.values() if p.state is TaskState.RUNNING and p.placement is not None],
+        )
+
+    def _plan_occupancy(self) -> Occupancy:
+        """The ledger with the backfilled tasks' devices free (the plan may take them)."""
+        return Occupancy(
+            {n: s.gpus for n, s in self.nodes.items()},
+            [p.placement for p in self.tasks.values()
+             if p.state is TaskState.RUNNING and p.placement is not None and p.task not in self._backfilled],
         )
 
     def free_gpus(self) -> dict[str, int]:
@@ -475,7 +511,8 @@ class Controller:
         while a running task has at least the restart cost left (else nothing could gain)."""
         free = self.free_gpus()
         planned_on = {
-            n for t, e in self.planned.items() if self.tasks[t].state is TaskState.QUEUED for n in e.placement.nodes
+            n for t, e in self.planned.items()
+            if self.tasks[t].state is TaskState.QUEUED or t in self._backfilled for n in e.placement.nodes
         }
         idle = {n for n, g in free.items() if g > 0 and n not in planned_on}
         self._idle_seen &= idle  # a node that filled up (or got planned work) may fall idle again
@@ -502,6 +539,7 @@ class Controller:
             p.steps_done = p.total_steps
             self._close(p, ev.time_s, "finished")
             p.state, p.finished_s = TaskState.FINISHED, ev.time_s
+            self._forget_backfill(ev.task)
             planned = self.planned.pop(ev.task, None)
             return self.policy.wants_replan(ev, self._view(p, planned))
         if isinstance(ev, TaskFailed):
@@ -551,7 +589,12 @@ class Controller:
         if seg is not None:
             seg.end_s, seg.status, seg.steps_end = now, status, p.steps_done
 
+    def _forget_backfill(self, task: str) -> None:
+        self._backfilled.pop(task, None)
+        self._in_place.discard(task)
+
     def _interrupt(self, p: TaskProgress, now: float, steps_done: int | None, status: str) -> None:
+        self._forget_backfill(p.task)
         if p.state is TaskState.RUNNING:
             p.steps_done = p.steps_at(now) if steps_done is None else min(p.total_steps, int(steps_done))
             self._close(p, now, status)
@@ -561,9 +604,15 @@ class Controller:
         self.planned.pop(p.task, None)
 
     def _input(self, now: float, movable: bool, pinned: Collection[str] = ()) -> ReplanInput | None:
+        tasks = self.tasks
+        if self._backfilled:
+            tasks = dict(tasks)
+            for t in self._backfilled:
+                p = tasks[t]
+                tasks[t] = replace(p, state=TaskState.QUEUED, steps_done=p.steps_at(now), placement=None)
         return build_replan_input(
             self.profile,
-            self.tasks,
+            tasks,
             self.cluster(),
             now,
             restart_s=self.restart_s,
@@ -578,8 +627,11 @@ class Controller:
         """The plan being followed: running tasks where they run, then queued ones in planned order."""
         if self.plan is None:
             return None
-        running = [p for p in self.tasks.values() if p.state is TaskState.RUNNING and p.placement is not None]
-        queued = sorted((e.start_s, t) for t, e in self.planned.items() if self.tasks[t].state is TaskState.QUEUED)
+        bf = self._backfilled
+        running = [p for p in self.tasks.values()
+                   if p.state is TaskState.RUNNING and p.placement is not None and p.task not in bf]
+        queued = sorted((e.start_s, t) for t, e in self.planned.items()
+                        if self.tasks[t].state is TaskState.QUEUED or t in bf)
         placements = {p.task: p.placement for p in running}
         placements.update((t, self.planned[t].placement) for _, t in queued)
         return Incumbent(
@@ -610,12 +662,14 @@ class Controller:
 
     def _replan(self, now: float, reasons: list[str]) -> list[Action]:
         self._tick_base_s = now
-        queued = [p for p in self.tasks.values() if p.state is TaskState.QUEUED]
+        queued = [p for p in self.tasks.values() if p.state is TaskState.QUEUED or p.task in self._backfilled]
         if not queued and not self.policy.allows_moves:
             self._last_replan_s = now
             return []
         moves_ok = self.policy.allows_moves
         self._window = self._choose_window(queued)
+        if self._window is not None:
+            self._window |= set(self._backfilled)  # a re-plan sees them as queued: they are always in it
         self._area_share = {}
         inp = self._input(now, movable=moves_ok)
         if inp is None:
@@ -623,7 +677,8 @@ class Controller:
             return []
         t0 = time.perf_counter()
         running = {
-            p.task: p.placement for p in self.tasks.values() if p.state is TaskState.RUNNING and p.placement is not None
+            p.task: p.placement for p in self.tasks.values()
+            if p.state is TaskState.RUNNING and p.placement is not None and p.task not in self._backfilled
         }
         limit = self.solver_time_limit_s
         area_weight = self._future_load(inp, now)
@@ -676,8 +731,15 @@ class Controller:
         for d in decisions:
             if d.move:
                 p = self.tasks[d.task]
+                target = plan.assignment(d.task)
+                if self.backfill and target.start_s > 1e-6:
+                    # Moved to a later start: it runs on where it is until the plan needs its GPUs
+                    # (its own turn included), a backfill in place; the plan's set-up has its restart.
+                    self._backfilled[d.task] = 0.0
+                    self._in_place.add(d.task)
+                    continue
                 self._interrupt(p, now, None, "stopped")
-                self.planned[d.task] = self._planned_from(plan.assignment(d.task), now)
+                self.planned[d.task] = self._planned_from(target, now)
                 self.moves += 1
                 actions.append(Stop(d.task, d.reason, d.target))
         return actions
@@ -788,6 +850,16 @@ class Controller:
         }
         for a in plan.assignments:
             self.planned[a.task] = self._planned_from(a, now)
+            if a.task in self._backfilled:
+                cur = self.tasks[a.task].placement
+                if a.start_s <= 1e-6 and cur is not None and Placement(
+                        a.strategy, a.gpus, a.nodes, a.gpu_type, a.devices).same_config(cur):
+                    self._forget_backfill(a.task)  # the new plan keeps it where it runs
+                else:
+                    # The new plan's set-up for it (a queued task's) gets the checkpoint and restart.
+                    here = self.profile.get(a.task, *cur.config_key)
+                    self._backfilled[a.task] = self.restart_s + here.move_cost_s
+                    self._in_place.discard(a.task)
             cfg = inp.profile.get(a.task, a.strategy, a.gpus, len(a.nodes), a.gpu_type)
             self._plan_step_time[a.task] = float(cfg.step_time_s or 0.0)
             p = self.tasks[a.task]
@@ -796,12 +868,21 @@ class Controller:
                 p.estimate_step_time_s = p.measured_step_time_s
                 p.estimate_measured = True
 
-    def _dispatch(self, now: float) -> list[Launch]:
-        queue = [self.planned[t] for t, p in self.tasks.items() if p.state is TaskState.QUEUED and t in self.planned]
-        if not queue:
-            return []
-        out = []
-        for pt in dispatch(queue, self.occupancy(), now_s=now):
+    def _dispatch(self, now: float) -> list[Action]:
+        bf = self._backfilled
+        queue = [self.planned[t] for t, p in self.tasks.items()
+                 if (p.state is TaskState.QUEUED or t in bf) and t in self.planned]
+        out: list[Action] = []
+        chosen = dispatch(queue, self._plan_occupancy(), now_s=now) if queue else []
+        if bf and chosen:
+            # The plan takes GPUs a backfill holds (or the backfilled task's own turn came): stop it.
+            for pt in chosen:
+                hit = [t for t in sorted(bf) if t == pt.task
+                       or set(self.tasks[t].placement.nodes) & set(pt.placement.nodes)]
+                for t in hit:
+                    out.append(self._end_backfill(t, now))
+            chosen = [replace(pt, setup_s=self.planned[pt.task].setup_s) for pt in chosen]
+        for pt in chosen:
             p = self.tasks[pt.task]
             # Before its first step: the restart set-up the plan allowed and the configuration's start-up.
             setup = pt.setup_s + self.profile.get(pt.task, *pt.placement.config_key).startup_s
@@ -822,6 +903,85 @@ class Controller:
                     p.estimate_step_time_s,
                 )
             )
+        if self.backfill and self.plan is not None:
+            out.extend(self._fill(now))
+        return out
+
+    def _end_backfill(self, t: str, now: float) -> Stop:
+        """Stop backfilled ``t``: the plan launches a task on its nodes (``t`` itself, or another)."""
+        p = self.tasks[t]
+        here = p.placement
+        assert here is not None
+        entry = self.planned.get(t)
+        extra = self._backfilled[t]
+        moved = t in self._in_place
+        self._interrupt(p, now, None, "stopped")
+        if entry is not None:
+            self.planned[t] = entry = replace(entry, setup_s=entry.setup_s + extra)
+        if moved:
+            self.moves += 1
+            return Stop(t, "moved: the plan needs its GPUs now", entry.placement if entry else here)
+        return Stop(t, "backfill ends: the plan needs its GPUs", entry.placement if entry else here)
+
+    def _fill(self, now: float) -> list[Launch]:
+        """Backfill: queued tasks run ahead of their plan on GPUs it leaves idle now, while the
+        steps they make there save more than the checkpoint and restart they cost."""
+        occ = self.occupancy()
+        free = occ.free_gpus()
+        if not any(free.values()):
+            return []
+        queued = sorted((e.start_s, t) for t, e in self.planned.items() if self.tasks[t].state is TaskState.QUEUED)
+        need = {n: math.inf for n in free}
+        for s, t in queued:
+            for n in self.planned[t].placement.nodes:
+                if n in need:
+                    need[n] = min(need[n], s)
+        out = []
+        for s, t in queued:
+            if s <= now + 1e-6:
+                continue
+            p = self.tasks[t]
+            entry = self.planned[t]
+            planned_cfg = self.profile.get(t, *entry.placement.config_key)
+            plan_st = (self._plan_step_time.get(t) or planned_cfg.step_time_s or 0.0)
+            left = p.total_steps - p.steps_done
+            best = None
+            for c in self.profile.configs(t, feasible_only=True):
+                if c.gpu_type is not None or c.gpus < 1 or c.gpus != int(c.gpus):
+                    continue
+                q, k = c.gpus // c.nodes, c.nodes
+                fits = sorted((n for n, g in free.items() if g >= q), key=lambda n: (-need[n], free[n], n))
+                if len(fits) < k:
+                    continue
+                nodes = tuple(sorted(fits[:k]))
+                until = min([s] + [need[n] for n in nodes])
+                st = c.step_time_s * p.slowdown
+                steps = min(left, int(max(0.0, until - now - c.startup_s) / st))
+                cost = self.restart_s + c.move_cost_s + c.startup_s
+                gain = steps * plan_st
+                if gain >= BACKFILL_GAIN * cost and gain > 0 and (best is None or gain > best[0]):
+                    best = (gain, c, nodes, st)
+            if best is None:
+                continue
+            _, c, nodes, st = best
+            pl = Placement(c.strategy, c.gpus, nodes)
+            placed = occ.fit(pl)
+            if placed is None:
+                continue
+            occ.take(placed)
+            for n in nodes:
+                free[n] -= c.gpus // c.nodes
+            p.state = TaskState.RUNNING
+            p.placement = placed
+            p.reported_at_s = now + c.startup_s
+            p.estimate_step_time_s = st
+            p.estimate_measured = False
+            p.forget_measurements()
+            p.segments.append(Segment(placed, now, c.startup_s, steps_start=p.steps_done))
+            self._backfilled[t] = self.restart_s + c.move_cost_s
+            self.backfills += 1
+            self.log.append({"time_s": round(now, 3), "kind": "backfill", "task": t, **placed.to_dict()})
+            out.append(Launch(t, placed, p.steps_done, c.startup_s, now, st))
         return out
 
 

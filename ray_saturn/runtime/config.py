@@ -79,6 +79,9 @@ class DriverConfig:
     objective: str = "makespan"
     solver_gap: float = defaults.RUN_SOLVER_GAP
     reuse_workers: bool = True
+    #: let queued tasks run ahead of the plan on idle GPUs (the Controller's ``backfill``);
+    #: ``None``: on for the ``online`` objective
+    backfill: bool | None = None
 
     def __post_init__(self) -> None:
         from ray_saturn.solver.objective import parse_objective
@@ -95,6 +98,8 @@ class DriverConfig:
         whole(self.seed, "DriverConfig.seed", low=0, high=MAX_SEED, error=SaturnError)
         if not isinstance(self.reuse_workers, bool):
             raise SaturnError(f"DriverConfig.reuse_workers is {self.reuse_workers!r}; give True or False")
+        if self.backfill is not None and not isinstance(self.backfill, bool):
+            raise SaturnError(f"DriverConfig.backfill is {self.backfill!r}; give True, False or None")
 
     def with_policy(self, policy: str | None) -> DriverConfig:
         """This config with ``policy`` (``None``: unchanged)."""

@@ -273,6 +273,7 @@ class Driver:
             failed=failed,
             objective=self.config.objective,
             solver_gap=self.config.solver_gap,
+            backfill=self.config.backfill,
         )
         for t, rec in self.records.items():
             rec.progress = self.controller.state(t)  # one task state: the controller's

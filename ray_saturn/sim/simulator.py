@@ -122,6 +122,9 @@ class SimConfig:
     deterministic: bool = False
     max_replan_tasks: int | None = None
     objective: str = "makespan"
+    #: let queued tasks run ahead of their plan on idle GPUs (:class:`~ray_saturn.control.Controller`'s
+    #: ``backfill``); ``None``: on for the ``online`` objective
+    backfill: bool | None = None
 
     def __post_init__(self) -> None:
         number(self.noise, "noise (relative spread of true step times, 0.2 = 20%)", low=0, high=MAX_NOISE)
@@ -241,6 +244,7 @@ class _World:
             deterministic=cfg.deterministic,
             objective=cfg.objective,
             max_replan_tasks=cfg.max_replan_tasks,
+            backfill=cfg.backfill,
         )
 
     def _on_plan(self, plan: Plan, inp: ReplanInput) -> None:
