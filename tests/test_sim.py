@@ -172,6 +172,65 @@ def test_arrivals_trace_file(tmp_path):
         parse_arrivals(str(f), profile, seed=0)
 
 
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        (b"task,arrival_s\nt0,0\nt1,abc\n", "arrival_s of task 't1' is 'abc'"),
+        (b"task,arrival_s\nt0,0\nt1\n", "line 3: 1 field"),
+        (b"task,arrival_s\nt0,0\nt1,\n", "arrival_s of task 't1' is empty"),
+        (b"task,arrival_s\nt0,-1\nt1,0\n", "'-1'; give a finite number from 0"),
+        (b"task,arrival_s\nt0,nan\nt1,0\n", "'nan'"),
+        (b"task,arrival_s\nt0,inf\nt1,0\n", "'inf'"),
+        (b"task,arrival_s\nt0,1e308\nt1,0\n", "'1e308'; give a finite number from 0 to 1e\\+12"),
+        (b"task,arrival_s\nt0,0\n\xc4\xff,1\n", "cannot read the arrivals trace"),
+        (b"task,arrival_s\nt0,0\nt1,1\nzzz,5\n", "'zzz' are not in the profile"),
+        (b"task,arrival_s\nt0,0\nt1,1\nt1,2\n", "'t1' is listed twice"),
+        (b"task,arrival_s\nt0,0\nt1,1,99\n", "line 3: 3 field"),
+    ],
+)
+def test_arrivals_trace_bad_values_are_one_line_errors(tmp_path, text, match):
+    profile, _ = moldable_profile(2, 1, 2)
+    f = tmp_path / "arr.csv"
+    f.write_bytes(text)
+    with pytest.raises(SaturnError, match=match) as err:
+        parse_arrivals(str(f), profile, seed=0)
+    assert "\n" not in str(err.value)
+
+
+def test_arrivals_trace_with_a_bom(tmp_path):
+    profile, _ = moldable_profile(2, 1, 2)
+    f = tmp_path / "arr.csv"
+    f.write_bytes(b"\xef\xbb\xbftask,arrival_s\nt0,0\nt1,10\n")
+    assert parse_arrivals(str(f), profile, seed=0) == {"t0": 0.0, "t1": 10.0}
+
+
+@pytest.mark.parametrize(
+    ("cells", "match"),
+    [
+        (["abc", "3"], "arrival_s of task 't0' is 'abc'"),
+        (["", "3"], "no arrival time for task\\(s\\) t0"),
+        (["-5", "3"], "arrival_s of task 't0' is -5"),
+        (["inf", "3"], "arrival_s of task 't0' is inf"),
+    ],
+)
+def test_arrivals_profile_column_bad_values(tmp_path, cells, match):
+    f = tmp_path / "p.csv"
+    f.write_text("task,strategy,gpus,step_time_s,steps,arrival_s\n"
+                 + "".join(f"t{i},ddp,1,1.0,10,{c}\n" for i, c in enumerate(cells)))
+    with pytest.raises(SaturnError, match=match):
+        parse_arrivals("profile", ProfileTable.read(f), seed=0)
+
+
+def test_arrivals_profile_column_one_time_per_task(tmp_path):
+    f = tmp_path / "p.csv"
+    f.write_text("task,strategy,gpus,step_time_s,steps,arrival_s\nt0,ddp,1,1.0,10,5\nt0,ddp,2,0.6,10,5\n"
+                 "t1,ddp,1,1.0,10,\nt1,ddp,2,0.6,10,7\n")
+    assert parse_arrivals("profile", ProfileTable.read(f), seed=0) == {"t0": 5.0, "t1": 7.0}
+    f.write_text("task,strategy,gpus,step_time_s,steps,arrival_s\nt0,ddp,1,1.0,10,1\nt0,ddp,2,0.6,10,50\n")
+    with pytest.raises(SaturnError, match="'t0' has two arrival times \\(1, 50\\)"):
+        parse_arrivals("profile", ProfileTable.read(f), seed=0)
+
+
 def test_cli_simulate_json_plot_and_errors(tmp_path, capsys):
     from ray_saturn.cli import main
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ray_saturn.errors import SpecError
-from ray_saturn.limits import MAX_NOISE, number
+from ray_saturn.limits import MAX_NOISE, MAX_RUNTIME_S, number
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.spec import ClusterSpec
 
@@ -91,31 +91,73 @@ def parse_arrivals(spec: str | None, profile: ProfileTable, *, seed: int) -> dic
         gaps[0] = 0.0
         return dict(zip(tasks, np.cumsum(gaps).tolist(), strict=False))
     if spec == "profile":
-        table = profile.to_arrow()
-        if "arrival_s" not in table.column_names:
-            raise SpecError("--arrivals profile: the profile has no arrival_s column")
-        out: dict[str, float] = {}
-        for t, a in zip(table.column("task").to_pylist(), table.column("arrival_s").to_pylist(), strict=False):
-            out.setdefault(t, float(a or 0.0))
-        return _checked(out, tasks, "the profile's arrival_s column")
+        return _checked(_from_profile_column(profile), tasks, f"{profile.source}: the arrival_s column")
     path = Path(spec)
     if not path.is_file():
         raise SpecError(f"--arrivals {spec!r}: not 0, poisson:R, profile, or an existing CSV file (task,arrival_s)")
-    with path.open() as f:
-        rows = list(csv.DictReader(f))
-    if not rows or not {"task", "arrival_s"} <= set(rows[0]):
-        raise SpecError(f"{path}: an arrivals trace needs the columns task,arrival_s")
+    return _checked(_from_trace(path), tasks, str(path), trace=True)
+
+
+def _arrival(value: object, task: str, where: str) -> float:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise SpecError(f"{where}: arrival_s of task {task!r} is empty; give its arrival time in seconds >= 0")
+    return number(value, f"{where}: arrival_s of task {task!r}", low=0, high=MAX_RUNTIME_S)
+
+
+def _from_profile_column(profile: ProfileTable) -> dict[str, float]:
+    """Each task's ``arrival_s`` (empty cells skipped; every row of a task that gives one gives the same)."""
+    table = profile.to_arrow()
+    if "arrival_s" not in table.column_names:
+        raise SpecError("--arrivals profile: the profile has no arrival_s column")
+    where = profile.source
+    out: dict[str, float] = {}
+    for t, a in zip(table.column("task").to_pylist(), table.column("arrival_s").to_pylist(), strict=False):
+        if a is None or (isinstance(a, str) and not a.strip()):
+            continue
+        a = _arrival(a, t, where)
+        if t in out and out[t] != a:
+            raise SpecError(f"{where}: task {t!r} has two arrival times ({out[t]:g}, {a:g}); give one per task")
+        out[t] = a
+    return out
+
+
+def _from_trace(path: Path) -> dict[str, float]:
+    """``task,arrival_s`` rows of a CSV file (UTF-8, a BOM allowed): one row per task, each as long as the header."""
     try:
-        out = {r["task"]: float(r["arrival_s"]) for r in rows}
-    except ValueError as exc:
-        raise SpecError(f"{path}: arrival_s must be a number ({exc})") from None
-    return _checked(out, tasks, str(path))
+        with path.open(encoding="utf-8-sig", newline="") as f:
+            rows = list(csv.reader(f))
+    except (UnicodeDecodeError, csv.Error, OSError) as exc:
+        raise SpecError(f"{path}: cannot read the arrivals trace ({exc}); give a UTF-8 CSV file") from None
+    header = [c.strip() for c in rows[0]] if rows else []
+    if not {"task", "arrival_s"} <= set(header) or len(set(header)) != len(header):
+        raise SpecError(f"{path}: an arrivals trace needs the columns task,arrival_s (each once)")
+    col_task, col_time = header.index("task"), header.index("arrival_s")
+    out: dict[str, float] = {}
+    for i, row in enumerate(rows[1:], start=2):
+        if not row:
+            continue
+        if len(row) != len(header):
+            raise SpecError(f"{path} line {i}: {len(row)} field(s) under a header of {len(header)}; "
+                            "write one value per column")
+        task = row[col_task].strip()
+        if task in out:
+            raise SpecError(f"{path} line {i}: task {task!r} is listed twice; give one arrival time per task")
+        out[task] = _arrival(row[col_time], task, f"{path} line {i}")
+    return out
 
 
-def _checked(arrivals: Mapping[str, float], tasks: Sequence[str], where: str) -> dict[str, float]:
+def _checked(
+    arrivals: Mapping[str, float], tasks: Sequence[str], where: str, *, trace: bool = False
+) -> dict[str, float]:
     missing = [t for t in tasks if t not in arrivals]
     if missing:
-        raise SpecError(f"{where}: no arrival time for task(s) {', '.join(missing[:5])}")
+        raise SpecError(f"{where}: no arrival time for task(s) {', '.join(missing[:5])}; give every task one")
+    unknown = [t for t in arrivals if t not in set(tasks)] if trace else []
+    if unknown:
+        raise SpecError(
+            f"{where}: task(s) {', '.join(repr(t) for t in unknown[:5])} are not in the profile; "
+            "drop them or fix their names"
+        )
     bad = [t for t in tasks if not math.isfinite(arrivals[t]) or arrivals[t] < 0]
     if bad:
         raise SpecError(f"{where}: arrival time of {bad[0]!r} is {arrivals[bad[0]]}; give a time >= 0")
