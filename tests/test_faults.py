@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ from ray_saturn.runtime.config import DriverConfig, RunSettings
 from ray_saturn.runtime.driver import Driver, TaskRecord
 from ray_saturn.runtime.fake import FakeLauncher, LedgerManager
 from ray_saturn.runtime.journal import (
+    PROFILE_FILE,
     RUN_FILE,
     STATE_BACKUP_FILE,
     STATE_FILE,
@@ -427,6 +429,38 @@ def test_resume_refuses_a_workload_without_a_recorded_hash(tmp_path):
     train_folder(tmp_path, wl, None)  # run.json rewritten by someone: the hash removed
     with pytest.raises(SaturnError, match="records no SHA-256 of the workload file"):
         resume(tmp_path / "run")
+
+
+@pytest.mark.parametrize("damage", [b"garbage", b"PAR1"])
+def test_resume_with_a_damaged_profile_is_one_line_naming_the_file(tmp_path, capsys, damage):
+    from ray_saturn.workload_file import workload_digest
+
+    wl = tmp_path / "sweep.py"
+    wl.write_text(WORKLOAD)
+    train_folder(tmp_path, wl, workload_digest(wl))
+    (tmp_path / "run" / PROFILE_FILE).write_bytes(damage)
+    assert main(["resume", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert f"run/{PROFILE_FILE} is damaged" in err and "put back the profile the run started with" in err
+    assert not (tmp_path / "run" / LEASE_FILE).exists(), "the lock is released"
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("workload", 5, r"run.json: workload is 5, not the path of a workload file.*--workload FILE"),
+    ("workload_digest", 5, r"records no SHA-256 of the workload file .*--workload"),
+])
+def test_resume_with_a_wrongly_typed_run_json_field_is_one_line(tmp_path, capsys, field, value, message):
+    from ray_saturn.workload_file import workload_digest
+
+    wl = tmp_path / "sweep.py"
+    wl.write_text(WORKLOAD)
+    store = train_folder(tmp_path, wl, workload_digest(wl))
+    store.write_json(RUN_FILE, store.read_json(RUN_FILE) | {field: value})
+    assert main(["resume", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert re.search(message, err), err
 
 
 def test_a_misshapen_run_json_is_one_line(tmp_path):

@@ -267,8 +267,13 @@ def _check_recorded_workload(journal: Journal, settings: RunSettings) -> str:
             f"{uri}: the run was started from Python; pass its tasks to "
             "ray_saturn.resume(run_dir, tasks=...)"
         )
+    if not isinstance(settings.workload, str):
+        raise StorageError(
+            f"{uri}/{RUN_FILE}: workload is {settings.workload!r}, not the path of a workload file; check the "
+            f"file the run started with and pass it explicitly: `ray-saturn resume {uri} --workload FILE`"
+        )
     explicit = f"`ray-saturn resume {uri} --workload {settings.workload}`"
-    if not settings.workload_digest:
+    if not isinstance(settings.workload_digest, str) or not settings.workload_digest:
         raise SaturnError(
             f"{uri}/{RUN_FILE} records no SHA-256 of the workload file {settings.workload}, so resume cannot "
             f"tell it is the file the run started with; check it and pass it explicitly: {explicit}"

@@ -256,7 +256,16 @@ class Journal:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pq.read_table(pa.BufferReader(self.storage.read_bytes(PROFILE_FILE)))
+        data = self.storage.read_bytes(PROFILE_FILE)
+        try:
+            table = pq.read_table(pa.BufferReader(data))
+        except (pa.ArrowException, OSError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise StorageError(
+                f"{self.storage.display}/{PROFILE_FILE} is damaged ({first}); the run plans from it: put back "
+                "the profile the run started with (ProfileTable.read(FILE).write(...) writes it as Parquet), "
+                "or start the run again in a new folder"
+            ) from None
         return ProfileTable(table, source=f"{self.storage.uri}/{PROFILE_FILE}")
 
     def __repr__(self) -> str:
