@@ -501,6 +501,48 @@ def test_the_library_refuses_more_emulated_nodes_than_the_machine_holds():
     assert not ray.is_initialized()
 
 
+def test_emulated_gpus_per_node_count_as_worker_slots(tmp_path, small_profile, capsys):
+    """Each emulated node gets a CPU slot (an idle Ray worker) per GPU: 32 nodes x 1024 GPUs started
+    32,768 workers and hung; now refused before any process starts, naming the limit."""
+    from ray_saturn.runtime.emulation import MAX_EMULATED_WORKERS, check_emulated_nodes
+
+    assert check_emulated_nodes(2, 4) == 2
+    with pytest.raises(SpecError, match=r"32 emulated nodes x 1024 GPUs = 32768 worker slots .*limit "
+                                        rf"\({MAX_EMULATED_WORKERS} slots.*give --nodes x --gpus-per-node <="):
+        check_emulated_nodes(32, 1024)
+    small_profile.write(tmp_path / "p.csv")
+    t0 = time.monotonic()
+    code = main(["emulate", str(tmp_path / "p.csv"), "--nodes", "2", "--gpus-per-node", "1024",
+                 "--time-scale", "0.01", "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "2048 worker slots" in err, err
+    assert time.monotonic() - t0 < 10 and not (tmp_path / "run").exists()
+    import ray
+
+    assert not ray.is_initialized()
+
+
+@pytest.mark.parametrize(("cluster", "message"), [
+    ({"nodes": 0, "gpus_per_node": 1}, "emulated_cluster.nodes is 0"),
+    ({"nodes": 1, "gpus_per_node": -1}, "emulated_cluster.gpus_per_node is -1"),
+    ({"nodes": "x", "gpus_per_node": 1}, "emulated_cluster.nodes is 'x'"),
+    ({"nodes": 2, "gpus_per_node": 1024}, "2048 worker slots .*resume it on a larger machine"),
+])
+def test_a_resumed_emulation_names_run_json_not_flags(tmp_path, capsys, cluster, message):
+    store = RunStorage(tmp_path / "run")
+    store.write_json(RUN_FILE, RunSettings(name="r", mode="emulate", time_scale=0.01,
+                                           emulated_cluster=cluster).to_dict())
+    Journal(store).write_profile(ProfileTable.from_rows(
+        [{"task": "w", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 4}]))
+    assert main(["resume", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--nodes" not in err and "--gpus-per-node" not in err, err
+    assert re.search(f"run/{RUN_FILE}: .*{message}", err), err
+    import ray
+
+    assert not ray.is_initialized()
+
+
 def test_the_private_ray_environment_is_restored_on_exit(monkeypatch):
     from ray_saturn.runtime.emulation import private_ray_environment
 

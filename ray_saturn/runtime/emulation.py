@@ -26,7 +26,7 @@ from ray_saturn.errors import SaturnError, SpecError
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.runtime.actor import check_new_run_folder, prepare_run, start_driver, wait_for_driver
 from ray_saturn.runtime.config import DriverConfig, RunSettings, check_policy, emulation_config
-from ray_saturn.runtime.journal import Journal
+from ray_saturn.runtime.journal import RUN_FILE, Journal
 from ray_saturn.runtime.lease import RunLease
 from ray_saturn.runtime.reclaim import reclaim_dead_runs
 from ray_saturn.runtime.records import DriverResult
@@ -34,6 +34,7 @@ from ray_saturn.runtime.storage import RunStorage
 
 __all__ = [
     "MAX_EMULATED_NODES",
+    "MAX_EMULATED_WORKERS",
     "check_emulated_nodes",
     "check_emulated_types",
     "emulate",
@@ -51,8 +52,13 @@ LOCALHOST = "127.0.0.1"
 
 #: The most nodes an emulated cluster may have, whatever the machine.
 MAX_EMULATED_NODES = 64
+#: The most worker slots (logical CPUs, one per logical GPU) of all emulated nodes together: Ray starts
+#: about one idle worker process per slot, so more than this is hundreds of processes on one machine.
+MAX_EMULATED_WORKERS = 128
 #: Memory one emulated node costs (its raylet, agents and idle workers), measured on Ray 2.60.
 EMULATED_NODE_GB = 0.3
+#: Memory one idle Ray worker process costs.
+EMULATED_WORKER_GB = 0.1
 
 
 def _machine_memory_gb() -> float | None:
@@ -62,25 +68,53 @@ def _machine_memory_gb() -> float | None:
         return None
 
 
-def check_emulated_nodes(nodes: int) -> int:
-    """``nodes`` if this machine can run that many emulated nodes, else a one-line :class:`SpecError`.
+def _whole(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def check_emulated_nodes(nodes: int, gpus_per_node: int = 1, *, recorded_in: str | None = None) -> int:
+    """``nodes`` if this machine can run that many emulated nodes of ``gpus_per_node`` worker slots
+    each (every node gets as many logical CPUs as GPUs), else a one-line :class:`SpecError`.
 
     Checked before any process starts: each node is a raylet with its
-    agents (about :data:`EMULATED_NODE_GB` GB); at most half of the
-    machine's memory, and never more than :data:`MAX_EMULATED_NODES`.
+    agents (about :data:`EMULATED_NODE_GB` GB) and each slot an idle worker
+    (about :data:`EMULATED_WORKER_GB` GB); at most half of the machine's
+    memory, never more than :data:`MAX_EMULATED_NODES` nodes nor
+    :data:`MAX_EMULATED_WORKERS` slots. ``recorded_in``: the ``run.json``
+    the sizes come from (a resume), named instead of the flags.
+
+    Example:
+        >>> check_emulated_nodes(2, 4)
+        2
     """
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
-        raise SpecError(f"--nodes is {nodes!r}; give a whole number of emulated nodes >= 1")
-    limit = MAX_EMULATED_NODES
+    flags = ("--nodes", "--gpus-per-node") if recorded_in is None else (
+        f"{recorded_in}: emulated_cluster.nodes", f"{recorded_in}: emulated_cluster.gpus_per_node")
+    fix = "" if recorded_in is None else " (the run's emulated cluster is recorded there)"
+    if _whole(nodes) is None:
+        raise SpecError(f"{flags[0]} is {nodes!r}; give a whole number of emulated nodes >= 1{fix}")
+    if _whole(gpus_per_node) is None:
+        raise SpecError(f"{flags[1]} is {gpus_per_node!r}; give a whole number of GPUs per node >= 1{fix}")
+    workers = nodes * gpus_per_node
     mem = _machine_memory_gb()
+    node_limit, worker_limit = MAX_EMULATED_NODES, MAX_EMULATED_WORKERS
     if mem is not None:
-        limit = max(1, min(limit, int(0.5 * mem / EMULATED_NODE_GB)))
-    if nodes > limit:
-        mem_text = f" and this machine's {mem:.0f} GiB of memory" if mem is not None else ""
+        node_limit = max(1, min(node_limit, int(0.5 * mem / EMULATED_NODE_GB)))
+        worker_limit = max(1, min(worker_limit, int(0.5 * mem / EMULATED_WORKER_GB)))
+    mem_text = f" and half of this machine's {mem:.0f} GiB of memory" if mem is not None else ""
+    todo = "resume it on a larger machine" if recorded_in is not None else None
+    if nodes > node_limit:
         raise SpecError(
-            f"--nodes {nodes} is more than this machine can emulate: each emulated node is a raylet "
-            f"with its agents (about {EMULATED_NODE_GB} GB); the limit ({MAX_EMULATED_NODES} nodes{mem_text}) "
-            f"allows {limit}; give --nodes <= {limit} (more GPUs per node cost nothing)"
+            f"{flags[0]} {nodes} is more than this machine can emulate: each emulated node is a raylet with its "
+            f"agents (about {EMULATED_NODE_GB} GB); the limit ({MAX_EMULATED_NODES} nodes{mem_text}) allows "
+            f"{node_limit}; {todo or f'give --nodes <= {node_limit}'}"
+        )
+    if workers > worker_limit:
+        raise SpecError(
+            f"{recorded_in + ': ' if recorded_in else ''}{nodes} emulated nodes x {gpus_per_node} GPUs = {workers} "
+            "worker slots are more than this "
+            f"machine can emulate: each GPU of an emulated node is a CPU slot, and Ray starts an idle worker "
+            f"process (about {EMULATED_WORKER_GB} GB) per slot; the limit ({MAX_EMULATED_WORKERS} slots{mem_text}) "
+            f"allows {worker_limit}; {todo or f'give --nodes x --gpus-per-node <= {worker_limit}'}"
         )
     return nodes
 
@@ -184,10 +218,10 @@ def emulated_cluster(
     (:func:`private_ray_environment`); ``nodes`` is checked
     (:func:`check_emulated_nodes`) before any process starts.
     """
-    check_emulated_nodes(nodes)
-    types = check_emulated_types(nodes, gpu_types)
     if cpus_per_node is None:
         cpus_per_node = gpus_per_node
+    check_emulated_nodes(nodes, cpus_per_node)
+    types = check_emulated_types(nodes, gpu_types)
     import ray
     from ray.cluster_utils import Cluster
 
@@ -234,7 +268,12 @@ def emulated_context(journal: Journal) -> Iterator[None]:
         yield
         return
     info = journal.read_settings().get("emulated_cluster") or {}
-    nodes, gpus = int(info.get("nodes", 1)), int(info.get("gpus_per_node", 1))
+    recorded_in = f"{journal.storage.display}/{RUN_FILE}"
+    if not isinstance(info, Mapping):
+        raise SpecError(f"{recorded_in}: emulated_cluster is {info!r}; it must be an object "
+                        '{"nodes": N, "gpus_per_node": G} (the run\'s emulated cluster is recorded there)')
+    nodes, gpus = info.get("nodes", 1), info.get("gpus_per_node", 1)
+    check_emulated_nodes(nodes, gpus, recorded_in=recorded_in)
     with emulated_cluster(nodes, gpus, gpu_types=info.get("gpu_types")):
         yield
 
@@ -291,7 +330,7 @@ def emulate(
         arrivals=dict(arrivals or {}),
     )
     if not use_running_ray:
-        check_emulated_nodes(nodes)  # before anything is written or started
+        check_emulated_nodes(nodes, gpus_per_node)  # before anything is written or started
         check_emulated_types(nodes, gpu_types)
     if storage is None:
         import tempfile
