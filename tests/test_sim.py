@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections import defaultdict
 
 import pytest
@@ -229,6 +231,42 @@ def test_arrivals_profile_column_one_time_per_task(tmp_path):
     f.write_text("task,strategy,gpus,step_time_s,steps,arrival_s\nt0,ddp,1,1.0,10,1\nt0,ddp,2,0.6,10,50\n")
     with pytest.raises(SaturnError, match="'t0' has two arrival times \\(1, 50\\)"):
         parse_arrivals("profile", ProfileTable.read(f), seed=0)
+
+
+@pytest.mark.parametrize(("plot", "match"), [
+    ("sim.xyz", "matplotlib cannot write .xyz files; end the name in one of .*png"),
+    ("/proc/sim.png", "cannot write there"),
+])
+def test_cli_simulate_checks_the_plot_path_before_simulating(tmp_path, capsys, monkeypatch, plot, match):
+    import ray_saturn.cli.simulate as cli_simulate
+    from ray_saturn.cli import main
+
+    profile, _ = moldable_profile(2, 1, 2, seed=1)
+    profile.write(tmp_path / "p.csv")
+    monkeypatch.setattr(cli_simulate, "compare", lambda *a, **k: pytest.fail("simulated before the check"))
+    target = plot if plot.startswith("/") else str(tmp_path / plot)
+    rc = main(["simulate", str(tmp_path / "p.csv"), "--nodes", "1", "--gpus-per-node", "2", "--plot", target])
+    out, err = capsys.readouterr()
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and re.search(match, err), err
+    assert not out and not os.path.exists(target)
+
+
+def test_cli_simulate_prints_the_results_before_a_plot_that_fails(tmp_path, capsys, monkeypatch):
+    from matplotlib.figure import Figure
+
+    from ray_saturn.cli import main
+
+    def full_disk(self, *a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full_disk)
+    profile, _ = moldable_profile(2, 1, 2, seed=1)
+    profile.write(tmp_path / "p.csv")
+    rc = main(["simulate", str(tmp_path / "p.csv"), "--nodes", "1", "--gpus-per-node", "2", "--policies",
+               "fifo-fastest", "--solver-time-limit", "0.1", "--json", "--plot", str(tmp_path / "sim.png")])
+    out, err = capsys.readouterr()
+    assert "fifo-fastest" in json.loads(out)["policies"]
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "cannot write the chart" in err, err
 
 
 def test_cli_simulate_json_plot_and_errors(tmp_path, capsys):

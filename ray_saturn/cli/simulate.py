@@ -136,6 +136,10 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--policies is empty; name at least one policy")
     for name in policies:
         get_replan_policy(name)
+    if args.plot:
+        from ray_saturn.sim.plot import check_plot_path
+
+        check_plot_path(args.plot)  # before minutes of simulation, not after
     profile = ProfileTable.read(args.profile)
     arrivals = parse_arrivals(args.arrivals, profile, seed=args.seed)
     failures = parse_failures(args.failures, cluster) if args.failures else []
@@ -168,10 +172,6 @@ def run(args: argparse.Namespace) -> int:
     results = compare(profile, cluster, policies, cfg)
     lb = oracle_lower_bound(profile, cluster, cfg)
     clb = oracle_completion_bound(profile, cluster, cfg)
-    if args.plot:
-        from ray_saturn.sim.plot import plot_results
-
-        plot_results(results, args.plot, cluster=cluster)
     if args.json:
         print(
             json.dumps(
@@ -188,6 +188,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_table(results, lb)
         print(f"objective {objective}; mean completion time lower bound: {clb:.0f} s")
+    if args.plot:  # after the results are out: a chart that cannot be written loses nothing else
+        from ray_saturn.sim.plot import plot_results
+
+        plot_results(results, args.plot, cluster=cluster)
     return 0
 
 

@@ -15,7 +15,7 @@ from ray_saturn.errors import SaturnError
 from ray_saturn.sim.simulator import SimResult
 from ray_saturn.spec import ClusterSpec
 
-__all__ = ["plot_results"]
+__all__ = ["check_plot_path", "plot_results"]
 
 
 def _matplotlib():
@@ -27,6 +27,35 @@ def _matplotlib():
     except ImportError:
         raise SaturnError("--plot needs matplotlib; pip install matplotlib") from None
     return plt
+
+
+def check_plot_path(path: str | os.PathLike[str]) -> str:
+    """``path`` if a chart can be written there (a format matplotlib writes, a place that takes a file),
+    else a one-line :class:`SaturnError`; checked before anything is simulated.
+
+    Example:
+        >>> check_plot_path("/no/such/folder/sim.png")
+        Traceback (most recent call last):
+        ...
+        ray_saturn.errors.SaturnError: --plot /no/such/folder/sim.png: cannot write there (No such file or directory)
+    """
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    text = os.fspath(path)
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = os.path.splitext(text)[1].lower().lstrip(".")
+    if suffix and suffix not in formats:
+        raise SaturnError(f"--plot {text}: matplotlib cannot write .{suffix} files; end the name in one of "
+                          f"{', '.join('.' + f for f in sorted(formats))} (e.g. sim.png)")
+    existed = os.path.exists(text)
+    try:
+        with open(text, "ab"):  # neither truncates a file that is there nor leaves one that was not
+            pass
+        if not existed:
+            os.unlink(text)
+    except OSError as exc:
+        raise SaturnError(f"--plot {text}: cannot write there ({exc.strerror or exc})") from None
+    return text
 
 
 def plot_results(
@@ -74,8 +103,13 @@ def plot_results(
     axes[-1][0].set_xlabel("hours")
     ax.set_xlim(0, horizon * 1.01)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110)
+    except (OSError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SaturnError(f"--plot {os.fspath(path)}: cannot write the chart ({first})") from None
+    finally:
+        plt.close(fig)
     return str(path)
 
 
