@@ -80,6 +80,39 @@ def test_num_gpus_with_ray_address_set_is_one_line(tmp_path, capsys, no_ray, mon
     assert len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("address", ["127.0.0.1:1", "999.1.1.1:1"])
+def test_profile_with_an_address_where_no_ray_answers_fails_fast(tmp_path, capsys, no_ray, address):
+    import time
+
+    (tmp_path / "w.py").write_text(WORKLOAD)
+    t0 = time.monotonic()
+    assert main(["profile", str(tmp_path / "w.py"), "-o", str(tmp_path / "p.csv"), "--address", address]) == 2
+    err = capsys.readouterr().err
+    assert f"--address {address}: no Ray cluster answers there" in err and "ray start --head" in err, err
+    assert len(err.strip().splitlines()) == 1 and time.monotonic() - t0 < 10
+
+
+def test_profile_without_ray_or_num_gpus_starts_a_local_ray_as_the_readme_says(tmp_path, capsys, monkeypatch):
+    """README: profile joins RAY_ADDRESS or a running cluster, or starts a plain local one. It asked
+    Ray for address="auto", which raises a ConnectionError (a traceback) when none runs."""
+    import ray
+
+    from ray_saturn.errors import SaturnError
+
+    asked = []
+
+    def init(*args, **kwargs):
+        asked.append(kwargs.get("address", args[0] if args else None))
+        raise SaturnError("stop here")
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    (tmp_path / "w.py").write_text(WORKLOAD)
+    assert main(["profile", str(tmp_path / "w.py"), "-o", str(tmp_path / "p.csv")]) == 2
+    assert asked == [None], asked
+
+
 def test_the_demo_library_refuses_an_infinite_scale():
     from ray_saturn.demo import DemoError, demo_tasks
 

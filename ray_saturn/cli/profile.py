@@ -40,7 +40,8 @@ def add_parser(sub) -> None:
         help="profile table to write (.parquet or .csv)",
     )
     add_cluster_args(p)
-    p.add_argument("--address", help="Ray address to connect to (default: auto)")
+    p.add_argument("--address", help="Ray head to join, host:port (default: RAY_ADDRESS, a running cluster, "
+                   "or a new local Ray)")
     add_local_gpus_option(p, what="measure")
     p.add_argument(
         "--strategies", help="comma-separated strategies to try (default: all registered)"
@@ -89,6 +90,39 @@ def _shares(text: str) -> tuple[int, ...]:
     return out
 
 
+def check_ray_address(address: str, timeout_s: float = 5.0) -> None:
+    """A Ray address to join must answer at its host:port within ``timeout_s``; else a one-line error.
+
+    Example:
+        >>> check_ray_address("auto")  # Ray's own look-up: nothing to check
+    """
+    import socket
+    import threading
+
+    if address in ("auto", "local"):
+        return
+    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SpecError(f"--address {address!r}: give the Ray head's host:port (e.g. 127.0.0.1:6379), or leave "
+                        "--address out to join RAY_ADDRESS or start a local Ray")
+    failure: list[str] = ["no answer"]
+
+    def probe() -> None:  # in a thread: a name look-up is not bounded by the socket's timeout
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout_s).close()
+            failure.clear()
+        except OSError as exc:
+            failure[0] = exc.strerror or str(exc)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout_s + 1)
+    if failure:
+        raise SpecError(f"--address {address}: no Ray cluster answers there within {timeout_s:g} s ({failure[0]}); "
+                        "start one with `ray start --head` and give its address, or leave --address out")
+
+
 def _gpus_text(gpus: int | float) -> str:
     return f"1/{round(1 / gpus)} of a GPU" if gpus < 1 else f"{gpus} GPU(s)"
 
@@ -119,10 +153,13 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.num_gpus is not None and args.address:
         raise SpecError("--num-gpus starts a local Ray and --address joins one; give one of them")
+    if args.address:
+        check_ray_address(args.address)  # ray.init would retry an address where no Ray answers for minutes
     with local_cluster(args.num_gpus):
         started = False
         if not ray.is_initialized():
-            ray.init(address=args.address or "auto", include_dashboard=False)
+            # No --address: RAY_ADDRESS or a running cluster is joined, else a plain local Ray starts (as run does).
+            ray.init(address=args.address or None, include_dashboard=False)
             started = True
         try:
             result = profiler.run(tasks)
