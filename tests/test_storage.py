@@ -71,6 +71,18 @@ def test_bad_locations(bad):
         RunStorage(bad)
 
 
+def test_a_folder_that_cannot_be_created_is_one_line(tmp_path, capsys):
+    from ray_saturn.cli import main
+
+    with pytest.raises(StorageError, match=r"/proc/saturn-x: cannot create the folder: .*a place you can write"):
+        RunStorage("/proc/saturn-x")
+    (tmp_path / "p.csv").write_text("task,strategy,gpus,step_time_s,steps\na,single,1,1.0,10\n")
+    assert main(["emulate", str(tmp_path / "p.csv"), "--nodes", "1", "--gpus-per-node", "1", "--time-scale",
+                 "0.01", "--storage", "/proc/saturn-x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot create the folder" in err, err
+
+
 def test_paths_stay_inside(tmp_path):
     store = RunStorage(tmp_path)
     for part in ("..", "../x", "a/../../x", "", "a//b", "/abs"):

@@ -260,7 +260,11 @@ class RunStorage:
         # First a quick look with few retries, so a wrong endpoint or missing credentials fail in seconds.
         info = self._call("read", lambda: _fail_fast(self.fs).get_file_info(self.path))
         if create:
-            self._call("create the folder", lambda: self.fs.create_dir(self.path, recursive=True))
+            try:
+                self._call("create the folder", lambda: self.fs.create_dir(self.path, recursive=True))
+            except FileNotFoundError as exc:  # e.g. under /proc: a place that takes no folders
+                raise StorageError(f"{self.display}: cannot create the folder: {_reason(exc)}; give a folder "
+                                   "in a place you can write") from None
         elif info.type != pafs.FileType.Directory:
             raise StorageError(f"{self.display}: no such run folder")
 
