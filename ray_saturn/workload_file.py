@@ -75,6 +75,13 @@ def _by_value(module: ModuleType) -> None:
         cloudpickle.register_pickle_by_value(module)
 
 
+def _exited(path: str | os.PathLike[str], exc: SystemExit, when: str) -> SpecError:
+    return SpecError(
+        f"{path}: the workload called sys.exit({exc.code!r}) {when}; a workload file defines `tasks` and runs "
+        "nothing: put script code under `if __name__ == '__main__':`".splitlines()[0]
+    )
+
+
 def load_workload(path: str | os.PathLike[str]) -> list[Task]:
     """The tasks a workload file defines, ready to be shipped to Ray workers.
 
@@ -96,6 +103,9 @@ def load_workload(path: str | os.PathLike[str]) -> list[Task]:
     try:
         with _folder_on_path(folder):
             spec.loader.exec_module(module)
+    except SystemExit as exc:
+        sys.modules.pop(name, None)
+        raise _exited(path, exc, "while it loaded") from None
     except Exception as exc:
         sys.modules.pop(name, None)
         raise SpecError(f"{path}: the workload failed to load ({type(exc).__name__}: {exc})".splitlines()[0]) from None
@@ -110,6 +120,8 @@ def load_workload(path: str | os.PathLike[str]) -> list[Task]:
     if callable(tasks):
         try:
             tasks = tasks()
+        except SystemExit as exc:
+            raise _exited(path, exc, "in tasks()") from None
         except Exception as exc:
             raise SpecError(f"{path}: tasks() raised {type(exc).__name__}: {exc}".splitlines()[0]) from None
     if tasks is None:

@@ -115,6 +115,9 @@ def test_tasks_of_a_workload_file_unpickle_where_the_file_cannot_be_imported(tmp
         ("tasks = 3\n", "`tasks` is a int"),
         ("def tasks():\n    raise ValueError('no GPUs for this grid')\n", "tasks() raised ValueError: no GPUs"),
         ("tasks = []\n", "no tasks given"),
+        ("import sys\nsys.exit(0)\n", "the workload called sys.exit(0) while it loaded"),
+        ("raise SystemExit('bye')\n", "the workload called sys.exit('bye') while it loaded"),
+        ("import sys\ndef tasks():\n    sys.exit(3)\n", "the workload called sys.exit(3) in tasks()"),
     ],
 )
 def test_bad_workload_files_give_one_line(tmp_path, body, message):
