@@ -109,6 +109,35 @@ def test_a_lease_on_another_machine_is_judged_by_its_heartbeat(tmp_path):
     lease.release()
 
 
+@pytest.mark.parametrize(("heartbeat", "why"), [
+    ("NaN", "its heartbeat nan is not a time"),
+    ("Infinity", "its heartbeat inf is not a time"),
+    ("1e18", "s in the future"),
+])
+def test_a_lease_with_a_heartbeat_that_is_no_time_is_stale(tmp_path, caplog, heartbeat, why):
+    """A NaN, infinite or far-future heartbeat read as 'last seen 0 s ago': the folder was locked for good."""
+    store = RunStorage(tmp_path)
+    info = write_foreign_lease(store, pid=1, machine="another|boot|ns", run_name="odd")
+    store.write_bytes(LEASE_FILE, json.dumps(info.to_dict()).replace(
+        f'"heartbeat_wall": {info.heartbeat_wall!r}', f'"heartbeat_wall": {heartbeat}').encode())
+    assert not read_lease(store).alive()
+    lease = RunLease(store, command="resume", settle_s=0)
+    with caplog.at_level(logging.WARNING, logger="ray_saturn.runtime.lease"):
+        assert lease.acquire() is not None
+    assert "taking over the lock of `ray-saturn run` (run odd" in caplog.text and why in caplog.text
+    lease.release()
+
+
+def test_the_refusals_say_how_to_take_a_folder_over(tmp_path):
+    store = RunStorage(tmp_path)
+    write_foreign_lease(store, pid=1, machine="another|boot|ns", age_s=5)
+    with pytest.raises(RunLocked, match=f"if it no longer runs, delete {tmp_path}/{LEASE_FILE} to take"):
+        RunLease(store, command="run", settle_s=0).acquire()
+    store.write_bytes(LEASE_FILE, b"{not json")
+    with pytest.raises(RunLocked, match=f"is damaged, delete {tmp_path}/{LEASE_FILE}"):
+        RunLease(store, command="run", settle_s=0).acquire()
+
+
 def test_two_starts_racing_on_a_store_without_atomic_create_the_last_writer_wins(monkeypatch):
     import uuid
 

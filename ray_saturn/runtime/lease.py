@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -136,7 +137,20 @@ class LeaseInfo:
         return asdict(self)
 
     def seen_s_ago(self, now: float | None = None) -> float:
+        """Seconds since the last heartbeat (infinite for one that is not a time: NaN, infinite)."""
+        if not math.isfinite(self.heartbeat_wall):
+            return math.inf
         return max(0.0, (time.time() if now is None else now) - self.heartbeat_wall)
+
+    def bad_heartbeat(self, now: float | None = None, stale_after_s: float = defaults.LEASE_STALE_S) -> str | None:
+        """Why the heartbeat cannot be a live owner's (not a finite time, or further ahead than any clock
+        skew), else ``None``."""
+        if not math.isfinite(self.heartbeat_wall):
+            return f"its heartbeat {self.heartbeat_wall} is not a time"
+        ahead = self.heartbeat_wall - (time.time() if now is None else now)
+        if ahead > stale_after_s:
+            return f"its heartbeat is {ahead:.0f} s in the future"
+        return None
 
     def process_gone(self) -> bool:
         """True when the owner ran on this machine and its process no longer runs."""
@@ -155,7 +169,7 @@ class LeaseInfo:
 
     def alive(self, now: float | None = None, stale_after_s: float = defaults.LEASE_STALE_S) -> bool:
         """Whether the owner still runs (judged by its process, else by its heartbeat)."""
-        if self.process_gone():
+        if self.process_gone() or self.bad_heartbeat(now, stale_after_s) is not None:
             return False
         return self.seen_s_ago(now) <= stale_after_s
 
@@ -168,7 +182,8 @@ def locked_error(storage: RunStorage, owner: LeaseInfo) -> RunLocked:
     """The one-line refusal for a folder that ``owner`` holds."""
     return RunLocked(
         f"{storage.display} is in use by {owner.describe()}, last seen {owner.seen_s_ago():.0f} s ago; "
-        "wait for it to end (or stop it), or use another run folder"
+        f"wait for it to end (or stop it), or use another run folder (if it no longer runs, delete "
+        f"{storage.display}/{LEASE_FILE} to take the folder over)"
     )
 
 
@@ -263,7 +278,8 @@ class RunLease:
             self.storage.delete(LEASE_FILE, missing_ok=True)
         else:
             raise RunLocked(f"{self.storage.display}: could not take {LEASE_FILE} after 5 tries; is another run "
-                            "starting on this folder? try again")
+                            f"starting on this folder? try again (if no run uses it and {LEASE_FILE} is damaged, "
+                            f"delete {self.storage.display}/{LEASE_FILE})")
         if self.taken_over is not None or not self.storage.exclusive_create_is_atomic:
             # Not atomic here (or a take-over, where two resumes may race): read our lease back after a
             # pause; of two racing writers both read the one that landed last.
@@ -278,7 +294,8 @@ class RunLease:
         self._held = True
         if self.taken_over is not None:
             why = ("its process is gone" if self.taken_over.process_gone()
-                   else f"not seen for {self.taken_over.seen_s_ago():.0f} s")
+                   else self.taken_over.bad_heartbeat(stale_after_s=self.stale_after_s)
+                   or f"not seen for {self.taken_over.seen_s_ago():.0f} s")
             logger.warning(
                 "%s: taking over the lock of %s: %s",
                 self.storage.display, self.taken_over.describe(), why,

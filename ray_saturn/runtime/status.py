@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -54,8 +55,8 @@ def _health(storage: RunStorage, state: dict[str, Any] | None) -> DriverHealth:
     if driver_state in FINAL_STATES:
         return DriverHealth(False, None, None, f"driver: {driver_state}")
     seen = [w for w in (lease.heartbeat_wall if lease else None, (state or {}).get("updated_wall"))
-            if isinstance(w, (int, float))]
-    ago = round(now - max(seen), 1) if seen else None
+            if isinstance(w, (int, float)) and math.isfinite(w)]
+    ago = round(max(0.0, now - max(seen)), 1) if seen else None
     resume = f"run `ray-saturn resume {storage.display}`"
     if ago is None:
         note = f"driver not running (no heartbeat recorded): {resume}"
