@@ -37,6 +37,15 @@ def no_ray(monkeypatch):
         (["profile", "{w}", "-o", "{tmp}/p.csv", "--num-gpus", "2", "--address", "127.0.0.1:1"],
          "--num-gpus starts a local Ray and --address joins one; give one of them"),
         (["run", "{w}", "--storage", "{tmp}/r", "--num-gpus", "0"], "--num-gpus: '0' is not a whole number"),
+        (["run", "{w}", "--storage", "{tmp}/r", "--profile", "{tmp}/nope.csv"], "nope.csv: no such profile file"),
+        (["run", "{w}", "--storage", "{tmp}/r", "--num-gpus", "1", "--profile", "{tmp}/nope.csv"],
+         "nope.csv: no such profile file"),
+        (["run", "{w}", "--storage", "{tmp}/r", "--num-gpus", "1", "--profile", "{tmp}/bad.csv"],
+         "bad.csv row 1: gpus is 'abc'"),
+        (["run", "{w}", "--storage", "{tmp}/r", "--profile", "{tmp}/other.csv"],
+         "other.csv: the profile has no rows for task(s) m; profile them"),
+        (["run", "{w}", "--storage", "{tmp}/r", "--num-gpus", "1", "--profile", "{tmp}/warp.csv"],
+         "warp.csv row 1: strategy 'warp' is not registered"),
         (["resume", "{tmp}/r", "--num-gpus", "two"], "--num-gpus: 'two' is not a whole number"),
         (["profile", "{w}", "-o", "{tmp}/p.csv", "--warmup", "-1"], "--warmup: '-1' is not a whole number"),
         (["profile", "{w}", "-o", "{tmp}/p.csv", "--steps", "1.5"], "--steps: '1.5' is not a whole number"),
@@ -61,6 +70,10 @@ def test_bad_input_is_one_line_before_ray_starts(tmp_path, capsys, no_ray, args,
     (tmp_path / "w.py").write_text(WORKLOAD)
     (tmp_path / "three.py").write_text("tasks = 3\n")
     (tmp_path / "nan.json").write_text('{"nodes": [{"name": "a", "gpus": NaN}]}')
+    head = "task,strategy,gpus,step_time_s,steps\n"
+    (tmp_path / "bad.csv").write_text(head + "m,ddp,abc,1.0,10\n")
+    (tmp_path / "other.csv").write_text(head + "a,ddp,1,1.0,10\n")
+    (tmp_path / "warp.csv").write_text(head + "m,warp,1,1.0,10\n")
     argv = [a.format(w=tmp_path / "w.py", tmp=tmp_path) for a in args]
     assert main(argv) == 2
     err = capsys.readouterr().err

@@ -62,6 +62,13 @@ def run(args: argparse.Namespace) -> int:
 
     check_policy(args.policy)
     tasks = load_workload(args.workload)
+    profile = None
+    if args.profile:  # read and checked before Ray starts (--num-gpus) or is joined
+        from ray_saturn.profile_table import ProfileTable
+        from ray_saturn.runtime.api import check_profile
+
+        profile = ProfileTable.read(args.profile)
+        check_profile(profile, tasks)
     cfg = DriverConfig(
         policy=args.policy,
         checkpoint_interval_s=args.checkpoint_interval,
@@ -72,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         result = run_api(
             tasks,
             storage=args.storage,
-            profile=args.profile,
+            profile=profile,
             config=cfg,
             workload=os.path.abspath(args.workload),
         )

@@ -47,6 +47,7 @@ from ray_saturn.spec import ClusterSpec, Task, check_unique_names
 __all__ = [
     "DRIVER_NAMESPACE",
     "RunSettings",
+    "check_profile",
     "driver_name",
     "emulate",
     "emulated_cluster",
@@ -102,6 +103,10 @@ def run(
 
         workload = os.path.abspath(workload)
         digest = workload_digest(workload)
+    table = None
+    if profile is not None:  # checked before the folder is locked or Ray joined
+        table = profile if isinstance(profile, ProfileTable) else ProfileTable.read(profile)
+        check_profile(table, task_list)
     store = RunStorage(storage)
     store.check()  # a wrong endpoint or missing credentials: one line, before any GPU is held
     settings = RunSettings(
@@ -118,15 +123,11 @@ def run(
             live = ClusterSpec.from_ray()
             if cluster is not None:
                 _check_cluster(cluster, live)
-            if profile is None:
+            if table is None:
                 from ray_saturn.profiler import profile as profile_fn
 
                 table = profile_fn(task_list, live)
-            elif isinstance(profile, ProfileTable):
-                table = profile
-            else:
-                table = ProfileTable.read(profile)
-            _check_profile(table, task_list)
+                check_profile(table, task_list)
             prepare_run(store, settings, table)
             reclaim_dead_runs()
             actor, ref = start_driver(store, settings, table, {t.name: t for t in task_list})
@@ -299,14 +300,17 @@ def _check_cluster(cluster: ClusterSpec, live: ClusterSpec) -> None:
     # Running uses the live nodes; an explicit cluster must describe them.
 
 
-def _check_profile(profile: ProfileTable, tasks: list[Task]) -> None:
+def check_profile(profile: ProfileTable, tasks: list[Task]) -> None:
+    """Raise unless ``profile`` covers exactly ``tasks``, with registered strategies and a feasible row each."""
     names = {t.name for t in tasks}
     missing = [t for t in names if t not in set(profile.tasks)]
     if missing:
-        raise SaturnError(f"the profile has no rows for task(s) {', '.join(sorted(missing)[:5])}; profile them")
+        raise SaturnError(f"{profile.source}: the profile has no rows for task(s) {', '.join(sorted(missing)[:5])}; "
+                          "profile them")
     extra = [t for t in profile.tasks if t not in names]
     if extra:
-        raise SaturnError(f"the profile has task(s) {', '.join(extra[:5])} that are not in the workload")
+        raise SaturnError(f"{profile.source}: the profile has task(s) {', '.join(extra[:5])} that are not in the "
+                          "workload")
     from ray_saturn.strategies import strategy_names
 
     profile.check_strategies(strategy_names())
