@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -133,6 +134,17 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, profile_csv, args, m
     assert code == 2
     assert message in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("which", ["profile", "cluster"])
+def test_plan_output_over_its_own_input_is_refused_and_nothing_is_overwritten(capsys, tmp_path, profile_csv, which):
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text('{"nodes": [{"name": "a", "gpus": 2}, {"name": "b", "gpus": 2}]}')
+    target = profile_csv if which == "profile" else str(cluster)
+    before = Path(target).read_text()
+    code, _out, err = run_cli(capsys, "plan", profile_csv, "--cluster", str(cluster), "-o", target)
+    assert code == 2 and err.count("\n") == 1 and "would overwrite it: give another file" in err, err
+    assert Path(target).read_text() == before
 
 
 def test_console_script_runs(tmp_path, profile_csv):

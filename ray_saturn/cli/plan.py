@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ray_saturn import defaults
@@ -70,6 +71,11 @@ def run(args: argparse.Namespace) -> int:
     if args.deterministic and args.policy != "saturn":
         raise SpecError("--deterministic applies to the saturn policy only (the baselines are deterministic)")
     get_policy(args.policy)  # an unknown name is refused before the profile is read
+    if args.output:
+        for flag, given in (("PROFILE", args.profile), ("--cluster", args.cluster)):
+            if given and _same_file(args.output, given):
+                raise SpecError(f"--output {args.output} is the {flag} file the plan is made from; writing the plan "
+                                "there would overwrite it: give another file, e.g. plan.json")
     policy = get_policy("saturn", deterministic=True, objective=args.objective) if args.deterministic else args.policy
     profile = ProfileTable.read(args.profile or example_profile_path())
     plan = solve(profile, cluster, policy, time_limit_s=args.time_limit, seed=args.seed, objective=args.objective)
@@ -80,6 +86,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_table(plan)
     return 0
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _fmt_s(s: float) -> str:
