@@ -51,6 +51,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -182,8 +183,16 @@ class ProfileTable:
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> ProfileTable:
         """Read a ``.csv`` or ``.parquet`` file."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise ProfileError(f"profile path is {path!r}; give the path of a .csv or .parquet file")
         p = Path(path)
-        if not p.is_file():
+        try:
+            found = p.is_file()
+        except (OSError, ValueError) as exc:  # a name too long for the filesystem, a NUL in it
+            raise ProfileError(f"{str(p)[:200]}: not a usable profile path ({exc.__class__.__name__}: "
+                               f"{getattr(exc, 'strerror', None) or exc}); give the path of a .csv or .parquet file"
+                               .splitlines()[0]) from None
+        if not found:
             raise ProfileError(f"{p}: no such profile file")
         suffix = p.suffix.lower()
         try:
@@ -212,6 +221,13 @@ class ProfileTable:
 
     @classmethod
     def from_rows(cls, rows: Iterable[Mapping[str, Any]], source: str = "profile") -> ProfileTable:
+        if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Iterable):
+            raise ProfileError(f"{source}: rows is a {type(rows).__name__}; give a list of dicts, one per row "
+                               '(e.g. [{"task": "a", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 10}])')
+        rows = list(rows)
+        for i, r in enumerate(rows):
+            if not isinstance(r, Mapping):
+                raise ProfileError(f"{source} row {i + 1}: a {type(r).__name__}, not a dict of column -> value")
         rows = [dict(r) for r in rows]
         if not rows:
             raise ProfileError(f"{source}: the profile has no rows")
@@ -225,7 +241,7 @@ class ProfileTable:
             values = [r.get(k) for r in rows]
             try:
                 columns[k] = pa.array(values)
-            except (pa.ArrowInvalid, pa.ArrowTypeError):
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
                 # Mixed kinds in one column (e.g. gpus 1 and "1/4"): keep them as text; parsing checks each cell.
                 columns[k] = pa.array([None if v is None else str(v) for v in values], pa.string())
         return cls(pa.table(columns), source=source)
@@ -269,19 +285,26 @@ class ProfileTable:
     def write(self, path: str | os.PathLike[str]) -> Path:
         """Write as ``.csv`` or ``.parquet`` (by suffix); returns the path."""
         p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(p.name + ".tmp")
-        if p.suffix.lower() == ".parquet":
-            import pyarrow.parquet as pq
-
-            pq.write_table(self._table, tmp)
-        elif p.suffix.lower() == ".csv":
-            import pyarrow.csv as pacsv
-
-            pacsv.write_csv(self._table, tmp)
-        else:
+        if p.suffix.lower() not in (".csv", ".parquet"):
             raise ProfileError(f"{p}: unknown profile format {p.suffix!r}; use .csv or .parquet")
-        os.replace(tmp, p)
+        tmp = p.with_name(p.name + ".tmp")
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            if p.suffix.lower() == ".parquet":
+                import pyarrow.parquet as pq
+
+                pq.write_table(self._table, tmp)
+            else:
+                import pyarrow.csv as pacsv
+
+                pacsv.write_csv(self._table, tmp)
+            os.replace(tmp, p)
+        except (OSError, pa.ArrowException) as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())[:200]
+            raise ProfileError(f"{p}: cannot write the profile ({reason}); give a path in a folder you can write"
+                               ) from None
         return p
 
     def to_arrow(self) -> pa.Table:

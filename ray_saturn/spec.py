@@ -111,6 +111,9 @@ class ClusterSpec:
     nodes: tuple[NodeSpec, ...]
 
     def __post_init__(self) -> None:
+        if isinstance(self.nodes, (str, bytes, Mapping)) or not isinstance(self.nodes, Iterable):
+            raise SpecError(f"the cluster's nodes are a {type(self.nodes).__name__}; give a tuple of NodeSpec "
+                            "(or use ClusterSpec.uniform(nodes, gpus_per_node) or ClusterSpec.from_dict)")
         nodes = tuple(self.nodes)
         object.__setattr__(self, "nodes", nodes)
         if not nodes:
@@ -145,10 +148,15 @@ class ClusterSpec:
 
     @classmethod
     def from_json(cls, path: str | os.PathLike[str]) -> ClusterSpec:
+        if not isinstance(path, (str, os.PathLike)):
+            raise SpecError(f"cluster file is {path!r}; give the path of a JSON cluster file")
         try:
             data = json.loads(Path(path).read_text())
         except FileNotFoundError:
             raise SpecError(f"{path}: no such cluster file") from None
+        except RecursionError:
+            raise SpecError(f'{path}: the JSON is nested too deeply; a cluster file is {{"nodes": [{{"name": ..., '
+                            '"gpus": ...}, ...]}') from None
         except (OSError, ValueError) as exc:
             raise SpecError(f"{path}: not a readable JSON cluster file ({exc})") from None
         try:

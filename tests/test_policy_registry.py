@@ -122,3 +122,20 @@ def test_an_objective_given_twice_must_agree():
     assert plan.objective == "completion"
     assert [a.task for a in sorted(plan.assignments, key=lambda a: a.start_s)] == ["a", "b"]
     assert solve(profile, cluster, completion, time_limit_s=2).objective == "completion"
+
+
+def test_plan_with_inputs_of_the_wrong_type_is_one_line():
+    import ray_saturn
+
+    profile = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 1}])
+    cluster = ClusterSpec.uniform(1, 1)
+    for args, kwargs, message in [
+        ((None, cluster), {}, "profile is a NoneType; give a ProfileTable"),
+        (("p.csv", cluster), {}, "profile is a str; give a ProfileTable .*ProfileTable.read"),
+        ((profile, None), {}, "cluster is a NoneType; give a ClusterSpec"),
+        ((profile, {"nodes": []}), {}, "cluster is a dict; give a ClusterSpec"),
+        ((profile, cluster), {"policy": None}, "policy is None; give a policy name"),
+        ((profile, cluster), {"policy": 5}, "policy is 5; give a policy name"),
+    ]:
+        with pytest.raises(SaturnError, match=message):
+            ray_saturn.plan(*args, **kwargs)

@@ -99,3 +99,36 @@ def test_replace_builds_remaining_work(small_profile):
     rest = small_profile.replace(lambda c: None if c.task == "c" else type(c)(**{**c.__dict__, "steps": 5}))
     assert rest.tasks == ["a", "b"]
     assert all(c.steps == 5 for c in rest)
+
+
+@pytest.mark.parametrize(("rows", "message"), [
+    (None, "rows is a NoneType; give a list of dicts"),
+    ("abc", "rows is a str; give a list of dicts"),
+    ([1, 2], "row 1: a int, not a dict of column -> value"),
+    ([{"task": "a", "strategy": "ddp", "gpus": 10**30, "step_time_s": 1.0, "steps": 1}],
+     "row 1: gpus is '1000000000000000000000000000000'; give a whole number from 1 to"),
+])
+def test_from_rows_of_the_wrong_kind_is_one_line(rows, message):
+    with pytest.raises(ProfileError, match=message) as err:
+        ProfileTable.from_rows(rows)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("path", "message"), [
+    (None, "profile path is None; give the path"),
+    (5, "profile path is 5; give the path"),
+    ("x" * 5000 + ".csv", "not a usable profile path"),
+])
+def test_read_of_a_path_that_is_no_path_is_one_line(path, message):
+    with pytest.raises(ProfileError, match=message):
+        ProfileTable.read(path)
+
+
+def test_write_to_an_unwritable_place_is_one_line(tmp_path):
+    t = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 1}])
+    for where in ("/proc/saturn-p.csv", "/proc/saturn-dir/p.parquet"):
+        with pytest.raises(ProfileError, match=f"{where}: cannot write the profile .*folder you can write"):
+            t.write(where)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ProfileError, match="cannot write the profile"):
+        t.write(tmp_path / "file" / "p.csv")  # under a file

@@ -77,3 +77,14 @@ def test_cluster_specs(tmp_path):
     f.write_text('{"nodes": [{"gpus": 2}]}')
     with pytest.raises(SpecError, match='must be an object with "name" and "gpus"'):
         ClusterSpec.from_json(f)
+
+
+def test_cluster_inputs_of_the_wrong_kind_are_one_line(tmp_path):
+    with pytest.raises(SpecError, match="the cluster's nodes are a NoneType; give a tuple of NodeSpec"):
+        ClusterSpec(None)
+    with pytest.raises(SpecError, match="cluster file is None; give the path"):
+        ClusterSpec.from_json(None)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(SpecError, match=r"deep\.json: the JSON is nested too deeply"):
+        ClusterSpec.from_json(deep)

@@ -82,8 +82,10 @@ def solve_problem(
     seed = whole(seed, "seed", low=0, high=MAX_SEED)
     if isinstance(policy, str):
         pol = solver_policy(policy, objective=objective) if objective else get_policy(policy)
-    else:
+    elif isinstance(policy, Policy):
         pol = policy
+    else:
+        raise SpecError(f"policy is {policy!r}; give a policy name ({', '.join(policy_names())}) or a Policy")
     own = getattr(pol.options, "objective", None)
     if own is not None and objective is not None and parse_objective(objective) != own:
         raise SpecError(f"policy {pol.name} is set for the {own} objective, but objective={objective!r} was given: "

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ray_saturn.context import PlanningContext
-from ray_saturn.errors import InfeasibleError, ProfileError
+from ray_saturn.errors import InfeasibleError, ProfileError, SpecError
 from ray_saturn.plan import Assignment, Plan
 from ray_saturn.profile_table import Config, ProfileTable
 from ray_saturn.spec import ClusterSpec
@@ -307,6 +307,14 @@ def build_problem(
     prune: bool = True,
 ) -> Problem:
     """Turn the inputs into a :class:`Problem`; raise if some task cannot run at all."""
+    if not isinstance(profile, ProfileTable):
+        raise SpecError(f"profile is a {type(profile).__name__}; give a ProfileTable (ProfileTable.read(path) "
+                        "reads a .csv or .parquet file, ProfileTable.from_rows(rows) takes dicts)")
+    if not isinstance(cluster, ClusterSpec):
+        raise SpecError(f"cluster is a {type(cluster).__name__}; give a ClusterSpec (ClusterSpec.uniform(nodes, "
+                        "gpus_per_node), ClusterSpec.from_dict(d) or ClusterSpec.from_json(path))")
+    if context is not None and not isinstance(context, PlanningContext):
+        raise SpecError(f"context is a {type(context).__name__}; give a PlanningContext or None")
     ctx = context or PlanningContext()
     node_names = list(cluster.names)
     node_index = {n: i for i, n in enumerate(node_names)}
