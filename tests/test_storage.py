@@ -94,6 +94,41 @@ def test_paths_stay_inside(tmp_path):
         RunStorage(tmp_path / "missing", create=False)
 
 
+def test_writes_do_not_follow_links_out_of_the_run_folder(tmp_path):
+    """events.jsonl or a task folder linked elsewhere made the run append to (or checkpoint into) files
+    outside its folder. Local writes now refuse a link out, in one line; the target is untouched."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.jsonl").write_text("mine\n")
+    store = RunStorage(tmp_path / "run")
+    run = tmp_path / "run"
+    (run / "events.jsonl").symlink_to(outside / "victim.jsonl")
+    (run / "tasks").mkdir()
+    (run / "tasks" / "b").symlink_to(outside)
+    out = "a symbolic link leads out of the run folder"
+    with pytest.raises(StorageError, match=f"events.jsonl: {out} .*remove the link") as err:
+        store.append_jsonl("events.jsonl", {"kind": "x"})
+    assert "\n" not in str(err.value)
+    with pytest.raises(StorageError, match=f"tasks/b: {out}"):
+        store.task_dir("b")
+    with pytest.raises(StorageError, match=out):
+        store.write_json("tasks/b/step.json", {"step": 1})
+    with pytest.raises(StorageError, match=out):
+        store.create_exclusive("tasks/b/lock", b"x")
+    with pytest.raises(StorageError, match=out):
+        store.delete_dir("tasks/b")
+    assert (outside / "victim.jsonl").read_text() == "mine\n" and sorted(p.name for p in outside.iterdir()) == [
+        "victim.jsonl"]
+    # A link in a file's place is replaced by an atomic write, not followed; links inside the folder are fine.
+    (run / "state.json").symlink_to(outside / "victim.jsonl")
+    store.write_json("state.json", {"x": 1})
+    assert (outside / "victim.jsonl").read_text() == "mine\n" and store.read_json("state.json") == {"x": 1}
+    (run / "tasks" / "a").mkdir()
+    (run / "tasks" / "c").symlink_to(run / "tasks" / "a")
+    assert store.task_dir("c") == str(run / "tasks" / "c")
+    store.write_json("tasks/c/step.json", {"step": 1})
+
+
 def test_uris_keep_their_options_and_hide_secrets():
     uri = "s3://b/run?endpoint_override=h:9000&scheme=http&secret_key=SECRET&access_key=AK"
     assert child_uri(uri, "tasks", "a") == (

@@ -44,7 +44,10 @@ What the operations promise:
   location before a run holds any GPU.
 
 Every path is built from validated parts (:meth:`RunStorage.join` refuses
-``..``, empty parts and absolute parts), so nothing can escape the root.
+``..``, empty parts and absolute parts), so nothing can escape the root; on
+a local disk a write through a symbolic link that leads out of the root
+(``events.jsonl`` or a task's checkpoint folder linked elsewhere) is refused
+too, in one line.
 The names of the files in a run folder are defined in
 :mod:`ray_saturn.runtime.journal`; the checkpoint folders in
 :data:`TASKS_DIR` and :data:`CHECKPOINTS_DIR` here.
@@ -338,13 +341,30 @@ class RunStorage:
                     raise StorageError(f"path part {p!r} would leave the run folder")
         return posixpath.join(self.path, *parts)
 
+    def _inside(self, name: str, *, follow: bool = True) -> str:
+        """The local path of ``name``, refusing one that a symbolic link leads out of the root (``follow``:
+        the file itself is opened, so a link in its place counts; else only the folders on the way do)."""
+        target = self.join(name)
+        if not self.local:
+            return target
+        root = os.path.realpath(self.path)
+        real = os.path.realpath(target if follow else posixpath.dirname(target))
+        if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+            raise StorageError(
+                f"{self.display}/{name}: a symbolic link leads out of the run folder (to {real}); ray_saturn "
+                "writes only inside the run folder: remove the link"
+            )
+        return target
+
     def uri_of(self, *parts: str) -> str:
         """What to hand to Ray Train or a worker for ``parts``: a local path or a URI (query kept)."""
         return child_uri(self.uri, *parts) if parts else self.uri
 
     def task_dir(self, task: str) -> str:
         """The folder (local path or URI) of one task: Ray Train's run and its checkpoints."""
-        return self.uri_of(TASKS_DIR, check_name(task))
+        name = check_name(task)
+        self._inside(f"{TASKS_DIR}/{name}")  # workers write there: a link out of the folder is refused
+        return self.uri_of(TASKS_DIR, name)
 
     def ray_storage(self, *parts: str) -> tuple[str, pafs.FileSystem]:
         """``(storage_path, storage_filesystem)`` for Ray Train/Tune's ``RunConfig`` at ``parts``."""
@@ -357,7 +377,7 @@ class RunStorage:
 
     def write_bytes(self, name: str, data: bytes) -> None:
         """Write ``name`` (replacing it atomically: readers see the old or the new content)."""
-        target = self.join(name)
+        target = self._inside(name, follow=False)  # a link in its place is replaced, not followed
         parent = posixpath.dirname(target)
         self._appended.pop(name, None)
 
@@ -402,7 +422,7 @@ class RunStorage:
         (``If-None-Match: *``); elsewhere a check then a write (see
         :attr:`exclusive_create_is_atomic`). Readers never see a part.
         """
-        target = self.join(name)
+        target = self._inside(name, follow=False)  # link() never follows a link in its place
         if self.local:
             parent = posixpath.dirname(target)
             os.makedirs(parent, exist_ok=True)
@@ -451,7 +471,7 @@ class RunStorage:
         line = json.dumps(record, sort_keys=True) + "\n"
         with self._lock:
             if self.local:
-                target = self.join(name)
+                target = self._inside(name)  # an append follows a link in its place
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 with open(target, "a") as f:
                     f.write(line)
@@ -470,7 +490,7 @@ class RunStorage:
         """Rename ``src`` to ``dst``, replacing it (atomic on a local disk; copy then delete on object stores)."""
         self._appended.pop(src, None)
         self._appended.pop(dst, None)
-        a, b = self.join(src), self.join(dst)
+        a, b = self._inside(src, follow=False), self._inside(dst, follow=False)
 
         def go() -> None:
             if self.local:
@@ -496,7 +516,7 @@ class RunStorage:
     def delete_dir(self, name: str, *, missing_ok: bool = True) -> None:
         """Delete the folder ``name`` and everything in it."""
         try:
-            self._call("delete", lambda: self.fs.delete_dir(self.join(name)), name)
+            self._call("delete", lambda: self.fs.delete_dir(self._inside(name)), name)
         except FileNotFoundError:
             if not missing_ok:
                 raise StorageError(f"{self.display}/{name}: cannot delete, it does not exist") from None
