@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import decimal
 import math
 import numbers
 import operator
@@ -33,6 +34,8 @@ __all__ = [
     "MAX_SEED",
     "MAX_SOLVER_GAP",
     "MAX_STEPS",
+    "MAX_WEIGHT",
+    "MIN_WEIGHT",
     "number",
     "solver_gap",
     "whole",
@@ -48,6 +51,10 @@ MAX_GPUS_PER_NODE = 1024
 MAX_GPUS = MAX_NODES * MAX_GPUS_PER_NODE
 #: Runtime of one configuration (steps x step time), about 31,700 years.
 MAX_RUNTIME_S = 1e12
+#: Task weights (the completion objective's ``weight`` column) are relative: within these bounds every
+#: weighted sum of completion times stays finite and exact enough.
+MIN_WEIGHT = 1e-6
+MAX_WEIGHT = 1e6
 #: Relative spread of simulated or emulated step times (a log-normal sigma; 3 is already wild).
 MAX_NOISE = 3.0
 #: Seeds: what every random generator in use accepts (CP-SAT takes a 32-bit one).
@@ -57,6 +64,11 @@ MAX_SEED = 2**31 - 1
 def _as_float(value: Any) -> float | None:
     if isinstance(value, bool):
         return None
+    if isinstance(value, decimal.Decimal):  # a Parquet decimal column
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
     if isinstance(value, numbers.Real):
         try:
             return float(value)

@@ -62,7 +62,16 @@ from typing import Any
 import pyarrow as pa
 
 from ray_saturn.errors import ProfileError, SpecError
-from ray_saturn.limits import MAX_GPUS, MAX_NODES, MAX_RUNTIME_S, MAX_STEPS, number, whole
+from ray_saturn.limits import (
+    MAX_GPUS,
+    MAX_NODES,
+    MAX_RUNTIME_S,
+    MAX_STEPS,
+    MAX_WEIGHT,
+    MIN_WEIGHT,
+    number,
+    whole,
+)
 from ray_saturn.spec import check_gpu_type, check_name
 
 __all__ = ["COLUMNS", "COST_COLUMNS", "Config", "ProfileTable"]
@@ -475,6 +484,10 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
     if not isinstance(table, pa.Table):
         raise ProfileError(f"{source}: expected a pyarrow.Table, got {type(table).__name__}")
     cols = set(table.column_names)
+    twice = sorted({c for c in table.column_names if table.column_names.count(c) > 1})
+    if twice:
+        raise ProfileError(f"{source}: column(s) {', '.join(twice)} appear more than once in the header; "
+                           "keep one column of each name")
     missing = [c for c in REQUIRED if c not in cols]
     if missing:
         raise ProfileError(
@@ -544,9 +557,14 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
         costs = {}
         for col in COST_COLUMNS:
             v = _parse_float(data[col][i], col, where) if col in data else None
-            if v is not None and (v < 0 or not math.isfinite(v)):
-                raise ProfileError(f"{where}: {col} is {v!r}; it must be a finite number of seconds >= 0")
+            if v is not None and not (0 <= v <= MAX_RUNTIME_S):
+                raise ProfileError(f"{where}: {col} is {v!r}; it must be a finite number of seconds >= 0 and <= "
+                                   f"{MAX_RUNTIME_S:g} (about 31,700 years); check the units")
             costs[col] = v or 0.0
+        weight = _parse_float(data["weight"][i], "weight", where) if "weight" in data else None
+        if weight is not None and not (MIN_WEIGHT <= weight <= MAX_WEIGHT):
+            raise ProfileError(f"{where}: weight is {weight!r}; weights are relative: give a number from "
+                               f"{MIN_WEIGHT:g} to {MAX_WEIGHT:g} (scale them all alike)")
         key = (task, strategy, gpus, nodes, gpu_type)
         if key in seen:
             on = f" on {gpu_type}" if gpu_type is not None else ""

@@ -23,7 +23,7 @@ from ray_saturn.control import Controller, NodeAdded, TaskArrived, TaskFinished,
 from ray_saturn.control.controller import ARRIVAL_WINDOW_S
 from ray_saturn.control.moves import decide_moves
 from ray_saturn.control.state import Placement
-from ray_saturn.errors import SpecError
+from ray_saturn.errors import ProfileError, SpecError
 from ray_saturn.plan import Assignment, Plan
 from ray_saturn.sim import SimConfig, oracle_completion_bound, simulate
 from ray_saturn.solver import build_problem, solve
@@ -377,9 +377,8 @@ def test_weights_come_from_a_profile_column():
     plan = solve(profile, ClusterSpec.uniform(1, 1), objective="completion", time_limit_s=1)
     # Smith's rule: b (12/5) before a (10/1).
     assert plan.by_task()["b"].start_s == 0.0
-    bad = ProfileTable.from_rows([{**rows[0], "weight": -1.0}])
-    with pytest.raises(SpecError, match="weight"):
-        solve(bad, ClusterSpec.uniform(1, 1), objective="completion", time_limit_s=1)
+    with pytest.raises(ProfileError, match=r"row 1: weight is -1\.0"):  # refused as the profile is read
+        ProfileTable.from_rows([{**rows[0], "weight": -1.0}])
 
 
 # ----------------------------------------------------------------- CLI

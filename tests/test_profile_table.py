@@ -56,6 +56,15 @@ def test_defaults_for_optional_columns(tmp_path):
         (HEADER + "a,ddp,1,1,1,1e16,true,\n", "row 1: steps is 1e+16; give a whole number from 1 to 9007199254740992"),
         (HEADER + "a,ddp,1,1,1,10,true,inf\n", "peak_mem_gb is inf; give a finite number"),
         (HEADER, "the profile has no rows"),
+        ("task,task,strategy,gpus,step_time_s,steps\na,b,ddp,1,1,10\n",
+         "column(s) task appear more than once in the header; keep one"),
+        ("task,strategy,gpus,step_time_s,steps,startup_s\na,ddp,1,1,10,1e300\n",
+         "row 1: startup_s is 1e+300; it must be a finite number of seconds >= 0 and <= 1e+12"),
+        ("task,strategy,gpus,step_time_s,steps,checkpoint_save_s\na,ddp,1,1,10,2e12\n",
+         "row 1: checkpoint_save_s is 2000000000000.0; it must be a finite number of seconds >= 0 and <= 1e+12"),
+        ("task,strategy,gpus,step_time_s,steps,weight\na,ddp,1,1,10,1e308\n",
+         "row 1: weight is 1e+308; weights are relative: give a number from 1e-06 to 1e+06"),
+        ("task,strategy,gpus,step_time_s,steps,weight\na,ddp,1,1,10,0\n", "row 1: weight is 0"),
     ],
 )
 def test_malformed_profiles_give_one_line_errors(tmp_path, body, message):
@@ -132,3 +141,16 @@ def test_write_to_an_unwritable_place_is_one_line(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ProfileError, match="cannot write the profile"):
         t.write(tmp_path / "file" / "p.csv")  # under a file
+
+
+def test_decimal_parquet_columns_are_read_as_numbers(tmp_path):
+    from decimal import Decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"task": ["a"], "strategy": ["ddp"], "gpus": pa.array([Decimal("2")]),
+                             "step_time_s": pa.array([Decimal("1.5")]), "steps": [10],
+                             "startup_s": pa.array([Decimal("0.25")])}), tmp_path / "p.parquet")
+    (c,) = ProfileTable.read(tmp_path / "p.parquet")
+    assert (c.gpus, c.step_time_s, c.startup_s) == (2, 1.5, 0.25)

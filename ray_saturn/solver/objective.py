@@ -30,10 +30,10 @@ Example:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Mapping, Sequence
 
 from ray_saturn.errors import SpecError
+from ray_saturn.limits import MAX_WEIGHT, MIN_WEIGHT
 
 __all__ = [
     "BACKGROUND_HORIZON_S",
@@ -90,8 +90,9 @@ def task_weights(profile, tasks: Sequence[str]) -> list[float]:
             w = float(w)
         except (TypeError, ValueError):
             raise SpecError(f"{profile.source}: weight of task {t!r} is {w!r}; give a number > 0") from None
-        if not math.isfinite(w) or w <= 0:
-            raise SpecError(f"{profile.source}: weight of task {t!r} is {w}; give a number > 0")
+        if not MIN_WEIGHT <= w <= MAX_WEIGHT:
+            raise SpecError(f"{profile.source}: weight of task {t!r} is {w}; give a number from {MIN_WEIGHT:g} "
+                            f"to {MAX_WEIGHT:g} (weights are relative)")
         if t in seen and seen[t] != w:
             raise SpecError(f"{profile.source}: task {t!r} has two weights ({seen[t]}, {w}); give one per task")
         seen[t] = w
