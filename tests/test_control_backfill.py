@@ -97,6 +97,25 @@ def test_the_plan_takes_the_gpus_back_for_another_task_and_a_replan_sees_the_bac
     assert ctl.backfills == 2
 
 
+def test_a_launch_that_fits_beside_a_backfill_leaves_it_running():
+    # "a" holds 2 of the 4 GPUs: "big" backfills 1 of the other 2; "c" (1 GPU) arrives and takes the
+    # last free one: "big" runs on.
+    rows = [
+        {"task": "a", "strategy": "ddp", "gpus": 2, "step_time_s": 1.0, "steps": 1500},
+        {"task": "big", "strategy": "ddp", "gpus": 4, "step_time_s": 1.0, "steps": 1000},
+        {"task": "big", "strategy": "single", "gpus": 1, "step_time_s": 4.0, "steps": 1000},
+        {"task": "c", "strategy": "single", "gpus": 1, "step_time_s": 1.0, "steps": 100},
+    ]
+    ctl = _controller(ProfileTable.from_rows(rows), objective="completion")
+    ctl.start(0.0, arrived=["a"])
+    assert [(a.kind, a.task, a.placement.gpus) for a in ctl.handle(TaskArrived(time_s=10.0, task="big"))] == [
+        ("launch", "big", 1)]
+    assert ctl.free_gpus() == {"node-0": 1}
+    actions = ctl.handle(TaskArrived(time_s=100.0, task="c"))
+    assert [(a.kind, a.task) for a in actions] == [("launch", "c")]
+    assert ctl.state("big").state is TaskState.RUNNING and ctl.free_gpus() == {"node-0": 0}
+
+
 def test_a_backfill_the_new_plan_starts_at_once_where_it_runs_stays_running():
     # "a" turns out 5x slower: "big" would wait ~7000 s for all 4 GPUs, so the re-plan runs it on
     # the 1 GPU it backfills, at once: it stays there, a plain running task now (no stop, no restart).

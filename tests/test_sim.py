@@ -309,3 +309,50 @@ def test_cli_simulate_json_plot_and_errors(tmp_path, capsys):
     assert rc == 2 and "unknown policy" in err and len(err.strip().splitlines()) == 1
     rc = main(["simulate", str(path), "--nodes", "2", "--gpus-per-node", "2", "--noise", "-1"])
     assert rc == 2
+
+
+def _one_gpu_tasks(*steps: int) -> ProfileTable:
+    return ProfileTable.from_rows([{"task": f"t{i}", "strategy": "single", "gpus": 1, "step_time_s": 1.0,
+                                    "steps": s} for i, s in enumerate(steps)])
+
+
+def test_periodic_replans_scale_with_the_longest_plan_when_tasks_arrive():
+    """The periodic interval is a fraction of the longest plan so far: a first plan for a 1-step task
+    used to set a 0.1 s interval for the 1000 s task arriving after it (the event guard tripped)."""
+    cfg = SimConfig(noise=0.0, arrivals={"t0": 0.0, "t1": 1.0}, deterministic=True)
+    r = simulate(_one_gpu_tasks(1, 1000), ClusterSpec.uniform(1, 1), "saturn-periodic", cfg)
+    assert r.makespan_s == pytest.approx(1001.0) and r.replans < 30
+
+
+def test_periodic_replans_with_a_gap_longer_than_their_interval_end():
+    """A gap (20% of the makespan) longer than the periodic interval (10%) defers each tick to the gap's
+    end; the tick no longer wakes the run at the same instant until the event guard trips."""
+    cfg = SimConfig(noise=0.0, min_replan_gap_fraction=0.2, deterministic=True)
+    r = simulate(_one_gpu_tasks(300, 200, 100), ClusterSpec.uniform(1, 2), "saturn-periodic", cfg)
+    assert all(t.finish_s is not None for t in r.tasks) and r.replans <= 8
+
+
+@pytest.mark.parametrize("policy", ["saturn-static", "saturn-replan", "saturn-periodic", "fifo-fastest"])
+def test_a_task_waits_while_every_node_is_down_and_runs_when_one_comes_back(policy):
+    cfg = SimConfig(noise=0.0, failures=(NodeFailure("node-0", 10.0, 20.0),), deterministic=True)
+    r = simulate(_one_gpu_tasks(100), ClusterSpec.uniform(1, 1), policy, cfg)
+    (t,) = r.tasks
+    assert t.finish_s is not None and t.finish_s >= 110.0
+    assert [s.status for s in t.segments] == ["interrupted", "finished"] and t.segments[1].start_s == 20.0
+    assert any(e.get("kind") == "waiting" and e["reason"] == "no node is alive" for e in r.log)
+
+
+def test_a_task_too_big_for_the_nodes_left_waits_for_its_node():
+    # A 2-node task on 2 one-GPU nodes: while node-0 is down it fits nowhere; it waits, then runs.
+    prof = ProfileTable.from_rows([{"task": "a", "strategy": "fsdp", "gpus": 2, "nodes": 2, "step_time_s": 1.0,
+                                    "steps": 100}])
+    cfg = SimConfig(noise=0.0, failures=(NodeFailure("node-0", 10.0, 20.0),), deterministic=True)
+    r = simulate(prof, ClusterSpec.uniform(2, 1), "saturn-replan", cfg)
+    assert r.tasks[0].finish_s is not None and r.tasks[0].segments[-1].start_s == 20.0
+    assert any(e.get("kind") == "waiting" and e["tasks"] == ["a"] for e in r.log)
+
+
+def test_a_node_that_never_comes_back_ends_the_run_with_a_hint():
+    cfg = SimConfig(noise=0.0, failures=(NodeFailure("node-0", 10.0),), deterministic=True)
+    with pytest.raises(SaturnError, match="never came back: give the failures a recovery time"):
+        simulate(_one_gpu_tasks(100), ClusterSpec.uniform(1, 1), "saturn-replan", cfg)

@@ -114,7 +114,7 @@ def add_parser(sub) -> None:
         type=fraction("--replan-gap"),
         default=0.01,
         metavar="F",
-        help="least time between re-plans, as a fraction of the first plan's makespan (0.01)",
+        help="least time between re-plans, as a fraction of the longest plan's makespan so far (0.01)",
     )
     p.add_argument(
         "--replan-window",

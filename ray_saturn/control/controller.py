@@ -118,11 +118,11 @@ class Controller:
         solver_time_limit_s: time limit of each solver call.
         min_replan_gap_s: re-plans closer than this to the previous one are
             deferred to a wake-up (see :meth:`next_wakeup_s`); the gap is at
-            least ``min_replan_gap_fraction`` x the first plan's makespan.
+            least ``min_replan_gap_fraction`` x :attr:`horizon_s` (the longest plan so far).
         drift_replan_gap_s: the same for re-plans that only drift asked for (a
             task off its estimate, GPUs idle): at most one per this many
-            seconds, at least ``drift_replan_gap_fraction`` x the first plan's
-            makespan. A finish, failure, arrival or node change re-plans at
+            seconds, at least ``drift_replan_gap_fraction`` x :attr:`horizon_s`.
+            A finish, failure, arrival or node change re-plans at
             once (subject to ``min_replan_gap_s`` only) and takes the deferred
             drift reasons with it.
         min_reports: step-time reports a task needs on a configuration before
@@ -259,6 +259,7 @@ class Controller:
         self.plan_made_s = 0.0
         self._tick_base_s = 0.0
         self.first_makespan_s: float | None = None
+        self._longest_plan_s = 0.0
         self.replans: list[ReplanRecord] = []
         self.log: list[dict] = []
         self.solver_time_s = 0.0
@@ -314,15 +315,22 @@ class Controller:
         return self.occupancy().free_gpus()
 
     @property
+    def horizon_s(self) -> float:
+        """The makespan of the longest plan made so far (the first one, unless tasks arrived since):
+        the re-plan gaps' and the periodic interval's fractions are of it, so a first plan for the
+        few tasks there at the start does not make them tiny."""
+        return self._longest_plan_s
+
+    @property
     def min_replan_gap_s(self) -> float:
         """The least time between two re-plans (later ones wait for a wake-up)."""
-        return max(self._min_gap_s, self._min_gap_fraction * (self.first_makespan_s or 0.0))
+        return max(self._min_gap_s, self._min_gap_fraction * self.horizon_s)
 
     @property
     def drift_replan_gap_s(self) -> float:
         """The least time between a re-plan and one that only drift asks for."""
         return max(
-            self.min_replan_gap_s, self._drift_gap_s, self._drift_gap_fraction * (self.first_makespan_s or 0.0)
+            self.min_replan_gap_s, self._drift_gap_s, self._drift_gap_fraction * self.horizon_s
         )
 
     def _gap_now(self) -> float:
@@ -343,8 +351,9 @@ class Controller:
             times.append(self._last_replan_s + self._gap_now())
         if self._price_lapse_s is not None and not self.done:
             times.append(max(self._price_lapse_s, self._now))
-        if self.first_makespan_s is not None and not self.done:
-            t = self.policy.next_tick_s(self._tick_base_s, self.first_makespan_s)
+        if self.first_makespan_s is not None and not self.done and not self._pending:
+            # (a re-plan waiting for its gap is a wake-up already, and it starts the next interval)
+            t = self.policy.next_tick_s(self._tick_base_s, self.horizon_s)
             if t is not None:
                 times.append(max(t, self._now))
         return min(times) if times else None
@@ -511,8 +520,7 @@ class Controller:
         while a running task has at least the restart cost left (else nothing could gain)."""
         free = self.free_gpus()
         planned_on = {
-            n for t, e in self.planned.items()
-            if self.tasks[t].state is TaskState.QUEUED or t in self._backfilled for n in e.placement.nodes
+            n for t, e in self.planned.items() if self.tasks[t].state is TaskState.QUEUED for n in e.placement.nodes
         }
         idle = {n for n, g in free.items() if g > 0 and n not in planned_on}
         self._idle_seen &= idle  # a node that filled up (or got planned work) may fall idle again
@@ -570,7 +578,9 @@ class Controller:
             if ev.node.name in self.nodes:
                 raise SaturnError(f"node {ev.node.name!r} added, but it is already in the cluster")
             self.nodes[ev.node.name] = ev.node
-            return self.policy.wants_replan(ev, self._view())
+            unplanned = sum(p.state is TaskState.QUEUED and t not in self.planned for t, p in self.tasks.items())
+            return self.policy.wants_replan(ev, self._view()) or (
+                f"node {ev.node.name} added; {unplanned} task(s) wait for a plan" if unplanned else None)
         if isinstance(ev, TaskOffEstimate):
             p = self.state(ev.task)
             return self.policy.wants_replan(ev, self._view(p, self.planned.get(ev.task)))
@@ -581,7 +591,7 @@ class Controller:
     def _tick_due(self, now: float) -> bool:
         if self.first_makespan_s is None:
             return False
-        t = self.policy.next_tick_s(self._tick_base_s, self.first_makespan_s)
+        t = self.policy.next_tick_s(self._tick_base_s, self.horizon_s)
         return t is not None and now >= t - 1e-9
 
     def _close(self, p: TaskProgress, now: float, status: str) -> None:
@@ -667,7 +677,21 @@ class Controller:
             self._last_replan_s = now
             return []
         moves_ok = self.policy.allows_moves
+        if not self.nodes:
+            self._last_replan_s = now
+            logger.warning("t=%.0f s: no node is alive; %d task(s) wait for one", now, len(queued))
+            self.log.append({"time_s": round(now, 3), "kind": "waiting", "tasks": len(queued),
+                             "reason": "no node is alive"})
+            return []
         self._window = self._choose_window(queued)
+        homeless = sorted(p.task for p in queued if p.task not in self._backfilled and not self._fits_now(p.task))
+        if homeless:
+            # Too big for the nodes alive now (some are down): they wait for a node to be added.
+            logger.warning("t=%.0f s: %s fit(s) on no node alive now; waiting for a node", now, ", ".join(homeless))
+            self.log.append({"time_s": round(now, 3), "kind": "waiting", "tasks": homeless,
+                             "reason": "no configuration fits the nodes alive"})
+            window = self._window if self._window is not None else {p.task for p in queued}
+            self._window = set(window) - set(homeless)
         if self._window is not None:
             self._window |= set(self._backfilled)  # a re-plan sees them as queued: they are always in it
         self._area_share = {}
@@ -789,6 +813,17 @@ class Controller:
         )
         return rate * (work / gpus) / gpus
 
+    def _fits_now(self, task: str) -> bool:
+        """Whether some feasible row of ``task`` fits the nodes alive now (GPUs per node, node count,
+        GPU type); a share of one GPU needs a node with a GPU."""
+        for c in self.profile.configs(task, feasible_only=True):
+            per_node = c.gpus / c.nodes if c.gpus >= 1 else 1
+            room = sum(n.gpus >= per_node and (c.gpu_type is None or n.gpu_type == c.gpu_type)
+                       for n in self.nodes.values())
+            if room >= c.nodes:
+                return True
+        return False
+
     def _least(self, task: str) -> float:
         """``task``'s least GPU-seconds over its feasible rows of the original profile."""
         v = self._least_area.get(task)
@@ -842,6 +877,7 @@ class Controller:
         self._last_replan_s = now
         if self.first_makespan_s is None:
             self.first_makespan_s = plan.makespan_s
+        self._longest_plan_s = max(self._longest_plan_s, plan.makespan_s)
         # Queued tasks outside a rolling-horizon window keep their planned entries.
         self.planned = {
             t: e
@@ -875,13 +911,8 @@ class Controller:
         out: list[Action] = []
         chosen = dispatch(queue, self._plan_occupancy(), now_s=now) if queue else []
         if bf and chosen:
-            # The plan takes GPUs a backfill holds (or the backfilled task's own turn came): stop it.
-            for pt in chosen:
-                hit = [t for t in sorted(bf) if t == pt.task
-                       or set(self.tasks[t].placement.nodes) & set(pt.placement.nodes)]
-                for t in hit:
-                    out.append(self._end_backfill(t, now))
-            chosen = [replace(pt, setup_s=self.planned[pt.task].setup_s) for pt in chosen]
+            stops, chosen = self._reclaim(chosen, now)
+            out.extend(stops)
         for pt in chosen:
             p = self.tasks[pt.task]
             # Before its first step: the restart set-up the plan allowed and the configuration's start-up.
@@ -906,6 +937,28 @@ class Controller:
         if self.backfill and self.plan is not None:
             out.extend(self._fill(now))
         return out
+
+    def _reclaim(self, chosen: list[PlannedTask], now: float) -> tuple[list[Stop], list[PlannedTask]]:
+        """Stop the backfills the plan's launches ``chosen`` need: a task whose own turn came, and on
+        a launch's nodes, backfills (the latest launched first) until the launch fits beside the rest.
+        Returns the stops and the launches on the devices they get beside the backfills that stay."""
+        stops = [self._end_backfill(pt.task, now) for pt in chosen if pt.task in self._backfilled]
+        placed_all: list[PlannedTask] = []
+        for pt in chosen:
+            while True:
+                occ = self.occupancy()
+                for q in placed_all:
+                    occ.take(q.placement, check=False)
+                placed = occ.fit(pt.placement)
+                if placed is not None:
+                    break
+                on_nodes = [t for t in self._backfilled if set(self.tasks[t].placement.nodes) & set(pt.placement.nodes)]
+                if not on_nodes:  # cannot happen: dispatch fitted it with every backfill's GPUs free
+                    raise SaturnError(f"t={now:.1f}: {pt.task} does not fit on {list(pt.placement.nodes)}")
+                last = max(on_nodes, key=lambda t: (self.tasks[t].segments[-1].start_s, t))
+                stops.append(self._end_backfill(last, now))
+            placed_all.append(replace(pt, placement=placed, setup_s=self.planned[pt.task].setup_s))
+        return stops, placed_all
 
     def _end_backfill(self, t: str, now: float) -> Stop:
         """Stop backfilled ``t``: the plan launches a task on its nodes (``t`` itself, or another)."""

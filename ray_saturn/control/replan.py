@@ -225,7 +225,7 @@ class ReplanPolicy(ABC):
             return beyond_tolerance and moves_the_end
         return beyond_tolerance or moves_the_end
 
-    def next_tick_s(self, last_plan_s: float, first_makespan_s: float) -> float | None:
+    def next_tick_s(self, last_plan_s: float, horizon_s: float) -> float | None:
         """The next time the controller should wake up to re-plan (``None``: never)."""
         return None
 
@@ -291,7 +291,8 @@ class EventReplan(ReplanPolicy):
 
 
 class PeriodicReplan(ReplanPolicy):
-    """Re-plan every ``interval_s`` (default: 1/10 of the first plan's makespan)."""
+    """Re-plan every ``interval_s`` (default: 1/10 of the longest plan's makespan so far: the first
+    plan's, unless tasks arrived since)."""
 
     name = "saturn-periodic"
     allows_moves = True
@@ -306,8 +307,8 @@ class PeriodicReplan(ReplanPolicy):
     def wants_replan(self, event, view):
         return "periodic" if isinstance(event, Tick) else None
 
-    def next_tick_s(self, last_plan_s, first_makespan_s):
-        interval = self.interval_s or max(1e-6, self.fraction * first_makespan_s)
+    def next_tick_s(self, last_plan_s, horizon_s):
+        interval = self.interval_s or max(1e-6, self.fraction * horizon_s)
         return last_plan_s + interval
 
 

@@ -44,7 +44,7 @@ class DriverConfig:
     ``restart_s`` is the cost of a move (besides the target's start-up)
     assumed until the run measures one; ``min_replan_gap_s`` the least run
     time between two re-plans; ``drift_replan_gap_s`` and
-    ``drift_replan_gap_fraction`` (of the first plan's makespan) the least
+    ``drift_replan_gap_fraction`` (of the longest plan's makespan so far) the least
     between a re-plan and one that only drift asked for (a task off its
     estimate, idle GPUs); see :class:`~ray_saturn.control.Controller`.
     ``solver_gap``: each (re-)plan's search stops once its makespan is within

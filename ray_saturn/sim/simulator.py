@@ -432,7 +432,12 @@ class _World:
                 break
         unfinished = [t for t, r in self.records.items() if r.finish_s is None and ctl.state(t).state.value != "failed"]
         if unfinished:
-            raise SimulationError(f"the run ended with task(s) {', '.join(unfinished[:5])} unfinished")
+            waiting = any(e.get("kind") == "waiting" for e in ctl.log)
+            raise SimulationError(
+                f"the run ended with task(s) {', '.join(unfinished[:5])} unfinished"
+                + ("; they waited for nodes that failed and never came back: give the failures a recovery "
+                   "time (NODE@AT:BACK, or --recovery S)" if waiting else "")
+            )
 
 
 def simulate(
