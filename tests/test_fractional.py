@@ -253,6 +253,33 @@ def test_every_policy_packs_shares_on_devices_and_keeps_types():
         assert plan.lower_bound_s <= plan.makespan_s
 
 
+@pytest.mark.parametrize("policy", ["fifo-whole-node", "saturn", "fifo-max-gpus", "fifo-min-gpus", "optimus-greedy"])
+@pytest.mark.parametrize("packs", ["type", "share"])
+def test_whole_node_tasks_only_on_nodes_that_hold_their_gpus(policy, packs):
+    # A GPU type or a share makes the problem pack on devices; a task on a whole node still needs its GPUs
+    # there: a (8 GPUs) fits only on "big", never on "small" (6), whatever fifo-whole-node holds.
+    from ray_saturn.solver import solve
+
+    other = row(task="b", gpus=6, steps=100, gpu_type="A100") if packs == "type" else row(task="b", gpus=0.5)
+    profile = ProfileTable.from_rows([row(task="a", gpus=8, steps=1), other])
+    cluster = ClusterSpec((NodeSpec("small", 6, gpu_type="H100"), NodeSpec("big", 8, gpu_type="A100")))
+    plan = solve(profile, cluster, policy, time_limit_s=1, seed=0)  # validated inside solve
+    validate_plan(Plan.from_json(plan.to_json()), profile, cluster)
+    a = next(a for a in plan.assignments if a.task == "a")
+    assert a.nodes == ("big",) and set(a.devices) == {"big"} and len(a.devices["big"]) == 8
+
+
+def test_whole_node_packing_holds_every_device_of_a_large_enough_node():
+    from ray_saturn.solver import build_problem
+    from ray_saturn.solver.packing import pack_schedule
+
+    profile = ProfileTable.from_rows([row(task="a", gpus=4, steps=1), row(task="b", gpus=0.5, steps=5)])
+    problem = build_problem(profile, ClusterSpec((NodeSpec("small", 2), NodeSpec("big", 4))))
+    s = pack_schedule(problem, [0, 0], [0, 1], strict=True, whole_node=True)
+    assert s.nodes == [(1,), (0,)] and s.start == [0.0, 0.0]
+    assert s.devices[0] == {1: tuple((d, 1.0) for d in range(4))}
+
+
 def test_exact_packing_model_finds_the_optimum():
     from ray_saturn.solver import build_problem, solve
     from ray_saturn.solver.packing_cpsat import solve_packing_cpsat

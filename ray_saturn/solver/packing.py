@@ -93,10 +93,12 @@ class _Devices:
             self.dev[n][i].add(s, d, q)
 
 
-def _eligible(problem: Problem, opt: Option, whole_node: bool) -> list[int]:
+def _eligible(problem: Problem, opt: Option) -> list[int]:
+    """Nodes (of the option's type) with the devices it uses on each node; holding a whole node
+    (``whole_node``) does not make a node smaller than the option fit it."""
     m = devices_per_node(opt)
     nodes = opt.nodes_ok if opt.nodes_ok is not None else range(problem.num_nodes)
-    return [n for n in nodes if int(problem.node_gpus[n]) >= (1 if whole_node else m)]
+    return [n for n in nodes if int(problem.node_gpus[n]) >= m]
 
 
 def _place(
@@ -105,7 +107,7 @@ def _place(
 ) -> tuple[float, dict[int, tuple[int, ...]]] | None:
     """Earliest start >= r of option ``opt`` for ``d`` seconds, and its devices per node."""
     q = UNITS if whole_node else units(opt)
-    eligible = list(nodes) if nodes is not None else _eligible(problem, opt, whole_node)
+    eligible = list(nodes) if nodes is not None else _eligible(problem, opt)
 
     def need(n: int) -> int:
         return devs.caps[n] if whole_node else devices_per_node(opt)
