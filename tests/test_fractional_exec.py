@@ -148,6 +148,74 @@ def test_the_packer_keeps_running_tasks_on_the_devices_they_hold():
         pack_schedule(build_problem(profile, cluster, full), [0, 0, 0], [0, 1, 2])
 
 
+def test_a_whole_node_replan_keeps_running_tasks_on_what_they_use():
+    # A re-plan with a whole GPU running (its devices unnamed) beside a share on device 1: fifo-whole-node
+    # (and saturn, which it seeds) asked the running whole GPU for the whole node, which the share holds.
+    from ray_saturn.context import PlanningContext, RunningTask
+    from ray_saturn.solver import build_problem, solve
+    from ray_saturn.solver.packing import pack_schedule
+
+    rows = [row("b", 1, 1.0, 800), row("c", 0.25, 1.0, 10), row("d", 1, 1.0, 10)]
+    profile = ProfileTable.from_rows(rows)
+    cluster = ClusterSpec.uniform(1, 2)
+    ctx = PlanningContext(running=(
+        RunningTask("b", "ddp", 1, ("node-0",), restart_s=30.0),
+        RunningTask("c", "single", 0.25, ("node-0",), restart_s=30.0, devices={"node-0": [(1, 0.25)]}),
+    ))
+    problem = build_problem(profile, cluster, ctx)
+    choice = problem.choose(lambda t, o: o.duration_s)
+    s = pack_schedule(problem, choice, [0, 1, 2], strict=True, whole_node=True)
+    assert s.start[:2] == [0.0, 0.0]
+    assert s.devices[0] == {0: ((0, 1.0),)} and s.devices[1] == {0: ((1, 0.25),)}
+    assert s.start[2] == 800.0  # the queued task waits for the whole node
+    for policy in ("fifo-whole-node", "saturn"):
+        plan = solve(profile, cluster, policy, context=ctx, time_limit_s=1)  # validated inside solve
+        assert plan.assignment("b").start_s == 0.0 and plan.assignment("c").devices == {"node-0": ((1, 0.25),)}
+
+
+def test_running_tasks_without_named_devices_fill_what_is_left_widest_first():
+    # Device 0 holds 1/8, device 1 holds 1/2 (named). Placed in task order, a (1/4) went on device 1 and
+    # c (1/2) found no room; widest first, b fills device 1, then c, a and e fill device 0.
+    from ray_saturn.context import PlanningContext, RunningTask
+    from ray_saturn.solver import build_problem
+    from ray_saturn.solver.packing import pack_schedule
+
+    shares = {"x": 0.125, "y": 0.5, "a": 0.25, "b": 0.5, "c": 0.5, "e": 0.125}
+    profile = ProfileTable.from_rows([row(t, g, 1.0, 10) for t, g in shares.items()])
+    named = {"x": 0, "y": 1}
+    ctx = PlanningContext(running=tuple(
+        RunningTask(t, "single", g, ("node-0",), devices={"node-0": [(named[t], g)]} if t in named else None)
+        for t, g in shares.items()
+    ))
+    problem = build_problem(profile, ClusterSpec.uniform(1, 2), ctx)
+    choice = [problem.pinned_option(t) for t in range(problem.num_tasks)]
+    for whole_node in (False, True):
+        s = pack_schedule(problem, choice, range(problem.num_tasks), whole_node=whole_node)
+        assert s.start == [0.0] * 6
+        on = {problem.tasks[t]: next(iter(ds.values()))[0][0] for t, ds in enumerate(s.devices)}
+        load = [sum(shares[t] for t, d in on.items() if d == i) for i in (0, 1)]
+        assert on["x"] == 0 and on["y"] == 1 and load == [1.0, 1.0], on
+
+
+def test_cli_replan_with_shares_noise_and_arrivals(capsys, tmp_path):
+    # The fuzzer's case: b (a whole GPU) runs beside shares when c arrives; a re-plan refused b's devices.
+    import json
+
+    from ray_saturn.cli import main
+
+    (tmp_path / "p.csv").write_text(
+        "task,strategy,gpus,step_time_s,steps\na,single,1/2,1,1\nb,ddp,1,1,1000\nc,single,1/4,1,10\n"
+    )
+    (tmp_path / "arrivals.csv").write_text("task,arrival_s\na,0\nb,10\nc,100\n")
+    code = main(["simulate", str(tmp_path / "p.csv"), "--nodes", "1", "--gpus-per-node", "2", "--json",
+                 "--deterministic", "--policies", "saturn-replan", "--arrivals", str(tmp_path / "arrivals.csv"),
+                 "--objective", "makespan", "--noise", "0.2"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    res = json.loads(out)["policies"]["saturn-replan"]
+    assert res["replans"] >= 1 and res["makespan_s"] >= json.loads(out)["lower_bound_s"] - 1e-6
+
+
 @pytest.mark.parametrize("policy", ["saturn-static", "saturn-replan", "fifo-whole-node"])
 def test_simulated_share_sweep_passes_the_device_check_and_beats_whole_gpus(policy):
     cluster = ClusterSpec.uniform(2, 4)

@@ -21,7 +21,8 @@ Variants, for the policies built on them:
 
 - ``strict``: no task starts before the one before it in the order (first
   come, first served);
-- ``whole_node``: a task holds every device of its nodes (``fifo-whole-node``);
+- ``whole_node``: a task holds every device of its nodes (``fifo-whole-node``); a running task
+  kept in place holds what it uses, as in every variant;
 - ``nodes_of``: a task's planned nodes (replaying a plan);
 - ``not_before`` per task is implied by ``strict`` only.
 
@@ -195,8 +196,8 @@ def pack_schedule(
             own = ds[: devices_per_node(opt)]  # a whole-node task uses its own devices, holds the rest
             devices[t][node] = tuple((int(i), float(share)) for i in own)
 
-    # Running tasks kept in place: those that name their devices first, on them (what they hold,
-    # whatever the variant); then the others.
+    # Running tasks kept in place hold what they use, whatever the variant (whole_node is for tasks
+    # that start: they wait for wholly free nodes). Those that name their devices first, on them.
     for t, opt in enumerate(opts):
         if opt.pinned_devices is not None:
             q = units(opt)
@@ -207,12 +208,17 @@ def pack_schedule(
                         f"node {problem.node_names[node]}"
                     )
             commit(t, 0.0, dict(opt.pinned_devices), q)
-    for t, opt in enumerate(opts):
-        if opt.pinned_nodes is not None and opt.pinned_devices is None:
-            found = _place(problem, devs, t, opt, 0.0, dur[t], whole_node, opt.pinned_nodes)
-            if found is None or found[0] > 1e-9:
-                raise InfeasibleError(f"running task {problem.tasks[t]} no longer fits its devices on its nodes")
-            commit(t, 0.0, found[1])
+    # Then the others on devices of their nodes free at 0, the most units per node first (whole GPUs
+    # before shares, larger shares before smaller: with shares of 1/2, 1/4 and 1/8, best fit in that
+    # order strands no task that the devices left over can hold).
+    loose = [t for t, opt in enumerate(opts) if opt.pinned_nodes is not None and opt.pinned_devices is None]
+    loose.sort(key=lambda t: (-units(opts[t]) * devices_per_node(opts[t]), t))
+    for t in loose:
+        opt = opts[t]
+        found = _place(problem, devs, t, opt, 0.0, dur[t], False, opt.pinned_nodes)
+        if found is None or found[0] > 1e-9:
+            raise InfeasibleError(f"running task {problem.tasks[t]} no longer fits its devices on its nodes")
+        commit(t, 0.0, found[1], units(opt))
     last = 0.0
     for t in order:
         opt = opts[t]
