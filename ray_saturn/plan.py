@@ -74,13 +74,15 @@ class Assignment:
         return self.end_s - self.start_s
 
     def to_dict(self) -> dict[str, Any]:
+        # start_s and end_s as they are (JSON floats round-trip exactly): rounded apart, end_s - start_s
+        # missed the runtime by up to 1e-6.
         out: dict[str, Any] = {
             "task": self.task,
             "strategy": self.strategy,
             "gpus": self.gpus,
             "nodes": list(self.nodes),
-            "start_s": round(self.start_s, 6),
-            "end_s": round(self.end_s, 6),
+            "start_s": float(self.start_s),
+            "end_s": float(self.end_s),
         }
         if self.setup_s:
             out["setup_s"] = round(self.setup_s, 6)
@@ -152,7 +154,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "policy": self.policy,
-            "makespan_s": round(self.makespan_s, 6),
+            "makespan_s": float(self.makespan_s),  # unrounded, as the assignments' end_s it is the latest of
             "lower_bound_s": round(self.lower_bound_s, 6),
             "solve_time_s": round(self.solve_time_s, 6),
             "status": self.status,

@@ -101,6 +101,30 @@ def test_context_rules(small_profile):
         validate_plan(mutate(plan, 0, gpus=1, nodes=("node-0",), end_s=100.0), small_profile, CLUSTER, ctx)
 
 
+def test_json_keeps_each_runtime_exact():
+    # Rounded apart to 6 decimals, start 10.0000004999 and end 13.0000006 became 10.0 and 13.000001:
+    # end_s - start_s missed the runtime 3.0000001 by 9e-7.
+    a = Assignment("a", "ddp", 2, ("node-0",), 10.0000004999, 10.0000004999 + 3.0000001)
+    plan = Plan("hand", a.end_s, 0.0, 0.0, "feasible", [a])
+    back = Plan.from_json(plan.to_json())
+    assert back == plan and back.assignments[0].duration_s == a.duration_s
+    assert back.makespan_s == max(b.end_s for b in back.assignments)
+
+
+def test_solved_plan_json_ends_are_starts_plus_runtimes():
+    from ray_saturn import ProfileTable
+
+    rows = [{"task": f"t{i}", "strategy": "ddp", "gpus": 2, "step_time_s": 0.1234567 * (i + 1), "steps": 7 + i,
+             "startup_s": 0.3333333} for i in range(6)]
+    profile = ProfileTable.from_rows(rows)
+    plan = Plan.from_json(solve(profile, CLUSTER, "fifo-min-gpus").to_json())
+    runtime = {c.task: c.runtime_s for t in profile.tasks for c in profile.configs(t)}
+    assert any(a.start_s > 0 for a in plan.assignments)
+    for a in plan.assignments:
+        assert a.end_s - a.start_s == pytest.approx(runtime[a.task], rel=1e-15, abs=1e-12), a
+    validate_plan(plan, profile, CLUSTER, tol=1e-12)
+
+
 def test_malformed_plan_json():
     with pytest.raises(PlanError, match="not valid JSON"):
         Plan.from_json("{")
