@@ -356,3 +356,33 @@ def test_a_node_that_never_comes_back_ends_the_run_with_a_hint():
     cfg = SimConfig(noise=0.0, failures=(NodeFailure("node-0", 10.0),), deterministic=True)
     with pytest.raises(SaturnError, match="never came back: give the failures a recovery time"):
         simulate(_one_gpu_tasks(100), ClusterSpec.uniform(1, 1), "saturn-replan", cfg)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("node-0@10,node-0@20", "node 'node-0' fails at 20 while it is down \\(from 10 for good\\)"),
+    ("node-0@10:50,node-0@20:60", "node 'node-0' fails at 20 while it is down \\(from 10 until 50\\)"),
+    ("node-0@-5", "node failure of 'node-0' at -5.0; give a time >= 0"),
+    ("node-0@10:5", "comes back at 5.0, not after its failure at 10.0"),
+    ("node-0", "write NODE@AT or NODE@AT:BACK"),
+])
+def test_failure_specs_that_cannot_happen_are_refused_when_parsed(spec, message):
+    with pytest.raises(SaturnError, match=message):
+        parse_failures(spec, ClusterSpec.uniform(2, 1))
+
+
+def test_a_node_may_fail_again_after_it_came_back_and_a_name_may_hold_an_at():
+    fs = parse_failures("node-0@10:20,node-0@30", ClusterSpec.uniform(1, 1))
+    assert [(f.at_s, f.back_s) for f in fs] == [(10.0, 20.0), (30.0, None)]
+    cluster = ClusterSpec.from_dict({"nodes": [{"name": "gpu@1", "gpus": 1}]})
+    assert parse_failures("gpu@1@10:20", cluster)[0].node == "gpu@1"
+    with pytest.raises(SaturnError, match="fails at 20 while it is down"):
+        SimConfig(failures=(NodeFailure("n", 10.0), NodeFailure("n", 20.0)))
+
+
+def test_cli_recovery_without_random_failures_is_refused(tmp_path, capsys):
+    from ray_saturn.cli import main
+
+    p = tmp_path / "p.csv"
+    _one_gpu_tasks(10).write(p)
+    assert main(["simulate", str(p), "--nodes", "1", "--gpus-per-node", "1", "--recovery", "30"]) == 2
+    assert "--recovery S applies to --random-failures K only" in capsys.readouterr().err

@@ -157,6 +157,9 @@ def run(args: argparse.Namespace) -> int:
         max_replan_tasks=args.replan_window or (200 if len(profile.tasks) > 300 else None),
         objective=objective,
     )
+    if args.recovery is not None and not args.random_failures:
+        raise SpecError("--recovery S applies to --random-failures K only; give K, or write each failure's "
+                        "return in --failures as NODE@AT:BACK")
     if args.random_failures:
         from ray_saturn.solver import solve
 

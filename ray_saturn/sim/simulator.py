@@ -71,7 +71,7 @@ from ray_saturn.errors import SaturnError, SpecError
 from ray_saturn.limits import MAX_NOISE, MAX_SEED, number, whole
 from ray_saturn.plan import Assignment, Plan
 from ray_saturn.profile_table import ProfileTable
-from ray_saturn.sim.workload import NodeFailure, true_step_times, truth_key
+from ray_saturn.sim.workload import NodeFailure, check_failures, true_step_times, truth_key
 from ray_saturn.solver.objective import parse_objective
 from ray_saturn.spec import ClusterSpec
 from ray_saturn.stepping import steps_done_by
@@ -138,6 +138,7 @@ class SimConfig:
         if self.max_replan_tasks is not None:
             whole(self.max_replan_tasks, "re-plan window (tasks)")
         object.__setattr__(self, "objective", parse_objective(self.objective))
+        check_failures(self.failures)
 
 
 @dataclass

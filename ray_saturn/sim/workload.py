@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import csv
+import itertools
 import math
 import zlib
 from collections.abc import Mapping, Sequence
@@ -39,7 +40,15 @@ from ray_saturn.limits import MAX_NOISE, MAX_RUNTIME_S, number
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.spec import ClusterSpec
 
-__all__ = ["NodeFailure", "parse_arrivals", "parse_failures", "random_failures", "true_step_times", "truth_key"]
+__all__ = [
+    "NodeFailure",
+    "check_failures",
+    "parse_arrivals",
+    "parse_failures",
+    "random_failures",
+    "true_step_times",
+    "truth_key",
+]
 
 
 def _rng(seed: int, *keys: str) -> np.random.Generator:
@@ -183,15 +192,33 @@ def parse_failures(spec: str, cluster: ClusterSpec) -> list[NodeFailure]:
     """``NODE@AT[:BACK],...`` (seconds), e.g. ``node-1@3600:7200,node-2@5000``."""
     out = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
+        node, sep, times = part.rpartition("@")  # the last @: a node name may hold one
+        at, _, back = times.partition(":")
         try:
-            node, times = part.split("@", 1)
-            at, _, back = times.partition(":")
-            failure = NodeFailure(node, float(at), float(back) if back else None)
+            if not sep or not node:
+                raise ValueError
+            at_s, back_s = float(at), float(back) if back else None
         except ValueError:
             raise SpecError(f"--failures {part!r}: write NODE@AT or NODE@AT:BACK (seconds)") from None
+        failure = NodeFailure(node, at_s, back_s)  # its own one-line error for times out of order
         cluster.node(failure.node)
         out.append(failure)
+    check_failures(out)
     return out
+
+
+def check_failures(failures: Sequence[NodeFailure]) -> None:
+    """A one-line :class:`SpecError` unless each node fails again only after it came back."""
+    by_node: dict[str, list[NodeFailure]] = {}
+    for f in failures:
+        by_node.setdefault(f.node, []).append(f)
+    for node, fs in by_node.items():
+        fs.sort(key=lambda f: f.at_s)
+        for a, b in itertools.pairwise(fs):
+            if a.back_s is None or b.at_s < a.back_s:
+                until = "for good" if a.back_s is None else f"until {a.back_s:g}"
+                raise SpecError(f"node failures: node {node!r} fails at {b.at_s:g} while it is down (from {a.at_s:g} "
+                                f"{until}); give each node's failures one after another, each after it came back")
 
 
 def random_failures(
