@@ -139,3 +139,25 @@ def test_plan_with_inputs_of_the_wrong_type_is_one_line():
     ]:
         with pytest.raises(SaturnError, match=message):
             ray_saturn.plan(*args, **kwargs)
+
+
+def test_saturn_plans_without_a_seed_baseline_that_raises(monkeypatch, caplog):
+    """A seed baseline's failure is logged and left out; saturn's plan does not fail with it."""
+    import ray_saturn.solver.policies.saturn as saturn_mod
+
+    class Broken(Policy):
+        name = "test-broken-baseline"
+
+        def solve(self, problem, bound, *, time_limit_s, seed, on_schedule=None):
+            raise SaturnError("broken on purpose")
+
+    import ray_saturn.solver.policy as registry
+
+    monkeypatch.setitem(registry._REGISTRY, Broken.name, Broken)  # gone again after the test
+    monkeypatch.setattr(saturn_mod, "SEED_BASELINES", (*saturn_mod.SEED_BASELINES, "test-broken-baseline"))
+    prof = ProfileTable.from_rows([{"task": t, "strategy": "ddp", "gpus": g, "step_time_s": 1.0 / g, "steps": 100}
+                                   for t in ("a", "b") for g in (1, 2)])
+    cluster = ClusterSpec.uniform(1, 2)
+    plan = solve(prof, cluster, "saturn", time_limit_s=1)
+    validate_plan(plan, prof, cluster)
+    assert "seed baseline test-broken-baseline failed (broken on purpose)" in caplog.text

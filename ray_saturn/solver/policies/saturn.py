@@ -12,7 +12,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from ray_saturn.errors import SpecError
+from ray_saturn.errors import SaturnError, SpecError
 from ray_saturn.limits import solver_gap
 from ray_saturn.solver.bounds import lower_bound
 from ray_saturn.solver.completion import completion_search
@@ -26,6 +26,18 @@ from ray_saturn.solver.policy import Policy, PolicyResult, get_policy, register_
 from ray_saturn.solver.problem import Problem, Schedule
 
 logger = logging.getLogger(__name__)
+
+
+def _seed_schedules(problem: Problem, bound, seed: int) -> list[Schedule]:
+    """The :data:`SEED_BASELINES`' schedules; one that raises is left out with a warning (the search
+    does not need it, and the plan is still checked by the validator)."""
+    out = []
+    for name in SEED_BASELINES:
+        try:
+            out.append(get_policy(name).solve(problem, bound, time_limit_s=0, seed=seed).schedule)
+        except SaturnError as exc:  # a baseline's failure must not fail saturn's plan
+            logger.warning("seed baseline %s failed (%s); planning without its schedule", name, exc)
+    return out
 
 #: Above this many node intervals the exact model is not built (too big to help in time).
 MAX_INTERVALS = 12_000
@@ -96,9 +108,7 @@ class SaturnPolicy(Policy):
                 on_schedule(s)
 
         # The baselines are cheap: their schedules seed the search, so saturn is never worse.
-        baselines = [
-            get_policy(name).solve(problem, bound, time_limit_s=0, seed=seed).schedule for name in SEED_BASELINES
-        ]
+        baselines = _seed_schedules(problem, bound, seed)
         # A re-plan also starts from the plan being followed, so it is never predicted worse than carrying on.
         hint = problem.incumbent_hint()
         if hint is not None:
@@ -164,9 +174,7 @@ class SaturnPolicy(Policy):
                 "use objective 'makespan' (the default) for profiles with gpus < 1 or gpu_type"
             )
         t0 = time.perf_counter()
-        reference = [
-            get_policy(name).solve(problem, bound, time_limit_s=0, seed=seed).schedule for name in SEED_BASELINES
-        ]
+        reference = _seed_schedules(problem, bound, seed)
         if self.options.objective == "online":
             share = min(1.0, 0.1 * time_limit_s)
             heur = heuristic_schedule(
