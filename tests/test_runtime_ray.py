@@ -217,3 +217,27 @@ def test_the_board_hands_a_parked_group_to_one_claim_and_never_to_a_closed_one(c
     ray.get(board.dismiss.remote("h", True))
     assert ray.get(board.next_segment.remote("h", False)) == ("end", None)
     ray.kill(board)
+
+
+def test_a_backfilled_task_moves_onto_its_planned_row_on_ray(cluster, tmp_path):
+    """Backfill through the real runtime: "big" waits in the plan for both nodes, runs on a GPU of the
+    idle node meanwhile, is checkpointed and stopped when "a" ends, and finishes on 4 GPUs."""
+    from dataclasses import replace
+
+    from ray_saturn.runtime.config import emulation_config
+
+    rows = [
+        {"task": "a", "strategy": "ddp", "gpus": 2, "step_time_s": 1.0, "steps": 2000},
+        {"task": "big", "strategy": "ddp", "gpus": 4, "nodes": 2, "step_time_s": 1.0, "steps": 2000},
+        {"task": "big", "strategy": "single", "gpus": 1, "step_time_s": 4.0, "steps": 2000},
+    ]
+    scale = 0.005
+    cfg = replace(emulation_config(scale, policy="saturn-replan"), backfill=True, restart_s=1.0)
+    out = emulate(ProfileTable.from_rows(rows), 2, 2, time_scale=scale, config=cfg, arrivals={"big": 5.0},
+                  storage=tmp_path / "run", use_running_ray=True)
+    assert out["state"] == "finished"
+    big = next(t for t in out["tasks"] if t["task"] == "big")
+    assert big["steps_done"] == 2000
+    assert [(s["gpus"], s["status"]) for s in big["segments"]] == [(1, "stopped"), (4, "finished")]
+    events = [json.loads(x) for x in (tmp_path / "run" / EVENTS_FILE).read_text().splitlines()]
+    assert [e["task"] for e in events if e["kind"] == "backfill"] == ["big"]
