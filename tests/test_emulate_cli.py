@@ -74,6 +74,10 @@ def test_emulate_json_contract_and_status(tmp_path):
         (["emulate", "{wide}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "1"], "fits nowhere"),
         (["emulate", "{big}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "1"], "steps is"),
         (["emulate", "{missing}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "1"], "no such profile file"),
+        (["emulate", "{p}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "1", "--arrivals", "{missing}"],
+         "or an existing CSV file (task,arrival_s)"),
+        (["emulate", "{p}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "1", "--arrivals", "poisson:x"],
+         "poisson"),
         (["status", "{missing}"], "no such run folder"),
         (["resume", "{missing}"], "no such run folder"),
         (["run", "{missing}", "--run-dir", "{missing}"], "no such workload file"),
@@ -97,3 +101,33 @@ def test_bad_input_is_one_line(tmp_path, capsys, monkeypatch, args, message):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("extra, objective, arrivals", [
+    ([], "makespan", None),
+    (["--arrivals", "{trace}"], "online", {"job-0": 0.0, "job-1": 30.0, "job-2": 60.0, "job-3": 90.0}),
+    (["--arrivals", "{trace}", "--objective", "completion"], "completion", None),
+])
+def test_emulate_takes_arrivals_and_an_objective(tmp_path, monkeypatch, extra, objective, arrivals):
+    """``--arrivals`` as in ``simulate``; ``--objective auto`` is online when tasks arrive over time
+    (and the controller then backfills idle GPUs by default)."""
+    import ray_saturn.cli.emulate as cli_emulate
+
+    seen = {}
+
+    def fake(profile, nodes, gpus_per_node, **kw):
+        seen.update(kw)
+        return {"state": "finished", "tasks": [], "run_dir": "x", "planned_makespan_s": 1.0,
+                "realised_makespan_s": 1.0, "moves": 0, "replans": 0, "launch_latency_s": 0, "wall_s": 0}
+
+    monkeypatch.setattr(cli_emulate, "emulate", fake)
+    prof = tmp_path / "p.csv"
+    prof.write_text(ROWS)
+    trace = tmp_path / "t.csv"
+    trace.write_text("task,arrival_s\n" + "".join(f"job-{i},{30 * i}\n" for i in range(4)))
+    argv = ["emulate", str(prof), "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "0.01",
+            *[a.format(trace=trace) for a in extra]]
+    assert main(argv) == 0
+    assert seen["config"].objective == objective
+    if arrivals is not None or not extra:
+        assert seen["arrivals"] == arrivals
