@@ -223,6 +223,11 @@ def test_a_task_arriving_later_is_planned_when_it_arrives(tmp_path):
     result = d.run(max_steps=10_000)
     assert result.state == "finished"
     assert result.tasks["t2"].segments[0].start_s >= 50.0
+    # The planned makespan is the plan made once t2 had arrived, not the first plan (t0 and t1 only).
+    replans = [e for e in RunStorage(tmp_path).read_jsonl(EVENTS_FILE) if e["kind"] == "replan"]
+    at_arrival = next(e for e in replans if "t2 arrived" in e["reasons"])
+    assert result.planned_makespan_s == pytest.approx(at_arrival["planned_makespan_s"], abs=1.0)
+    assert result.planned_makespan_s > replans[0]["planned_makespan_s"]
     assert all(r.steps_done == r.total_steps for r in result.tasks.values())
     events = RunStorage(tmp_path).read_jsonl(EVENTS_FILE)
     assert any(e["kind"] == "replan" and "t2 arrived" in e["reasons"] and e["time_s"] >= 50 for e in events)

@@ -386,3 +386,11 @@ def test_cli_recovery_without_random_failures_is_refused(tmp_path, capsys):
     _one_gpu_tasks(10).write(p)
     assert main(["simulate", str(p), "--nodes", "1", "--gpus-per-node", "1", "--recovery", "30"]) == 2
     assert "--recovery S applies to --random-failures K only" in capsys.readouterr().err
+
+
+def test_the_planned_makespan_is_the_first_plan_that_knew_every_task():
+    cfg = SimConfig(noise=0.0, arrivals={"t0": 0.0, "t1": 500.0}, deterministic=True)
+    r = simulate(_one_gpu_tasks(100, 1000), ClusterSpec.uniform(1, 1), "saturn-replan", cfg)
+    assert r.planned_makespan_s == pytest.approx(1500.0) and r.makespan_s == pytest.approx(1500.0)
+    batch = simulate(_one_gpu_tasks(100, 1000), ClusterSpec.uniform(1, 1), "saturn-replan", SimConfig(noise=0.0))
+    assert batch.planned_makespan_s == pytest.approx(1100.0)

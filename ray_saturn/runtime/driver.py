@@ -290,7 +290,10 @@ class Driver:
         self._last_node_check = -math.inf
         self._last_persist = -math.inf
         self._failed_seen: set[str] = set(failed)
+        #: The makespan of the first plan made once every task had arrived (a resumed run keeps its own);
+        #: plans made before that knew only some of the tasks.
         self.planned_makespan_s = planned_makespan_s
+        self._planned_knows_all = planned_makespan_s is not None
         counters = counters or {}
         self._replans0 = int(counters.get("replans", 0))
         self._moves0 = int(counters.get("moves", 0))
@@ -444,6 +447,10 @@ class Driver:
                 self.planned_makespan_s = self.now() + plan.makespan_s
             else:
                 self.metrics.replanned(sum(e.get("kind") == "replan" for e in new))
+                if not self._planned_knows_all:
+                    # Until every task has arrived, the plan to compare the run with is the latest.
+                    self.planned_makespan_s = self.now() + plan.makespan_s
+            self._planned_knows_all = self._planned_knows_all or self.all_arrived()
             self.metrics.plan(planned_makespan_s=self.now() + plan.makespan_s,
                               lower_bound_s=self.now() + plan.lower_bound_s)
             self.journal.write_plan(plan)

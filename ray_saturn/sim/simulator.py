@@ -152,10 +152,18 @@ class TaskRecord:
     state: str = "finished"
 
 
+def _planned_makespan(replans, arrivals: Mapping[str, float] | None) -> float:
+    """The makespan of the first plan made once every task had arrived (earlier ones knew only some)."""
+    last = max((arrivals or {}).values(), default=0.0)
+    known = [r for r in replans if r.time_s >= last - 1e-9]
+    return (known or replans)[0].planned_makespan_s if replans else 0.0
+
+
 @dataclass
 class SimResult:
     """One policy's run. ``utilisation`` = GPU-seconds held by tasks / GPU-seconds alive until
-    the makespan; ``mean_completion_s`` = mean of (finish - arrival)."""
+    the makespan; ``mean_completion_s`` = mean of (finish - arrival); ``planned_makespan_s`` the
+    makespan of the first plan made once every task had arrived."""
 
     policy: str
     makespan_s: float
@@ -489,7 +497,7 @@ def simulate(
         replans=len(ctl.replans),
         solver_time_s=ctl.solver_time_s,
         wall_s=wall,
-        planned_makespan_s=ctl.replans[0].planned_makespan_s if ctl.replans else 0.0,
+        planned_makespan_s=_planned_makespan(ctl.replans, cfg.arrivals),
         tasks=recs,
         usage=world.usage,
         capacity=world.capacity,
