@@ -217,6 +217,16 @@ def _gpus(value: Any) -> int | float:
     return int(f) if f >= 1 and f == int(f) else f
 
 
+def _same_devices(held, planned) -> bool:
+    """Whether a running task holding ``held`` devices stays on them under ``planned`` ones (either
+    unnamed: the same place; else the same device indices per node)."""
+    if held is None or planned is None:
+        return True
+    def ids(m):
+        return {str(n): sorted(int(d) for d, _ in ds) for n, ds in m.items() if ds}
+    return ids(held) == ids(planned)
+
+
 def _devices(value: Any) -> dict[str, tuple[tuple[int, float], ...]] | None:
     if value is None:
         return None
@@ -308,7 +318,8 @@ only on nodes of that type; the makespan is the last end; the lower bound is not
         if a.start_s + tol * max(1.0, a.start_s) < ctx.release(a.task):
             raise PlanError(f"{where}: starts at {a.start_s:.3f} s, before its release at {ctx.release(a.task):.3f} s")
         run = running.get(a.task)
-        same_place = run is not None and (run.strategy, run.gpus, tuple(run.nodes)) == (a.strategy, a.gpus, a.nodes)
+        same_place = (run is not None and (run.strategy, run.gpus, tuple(run.nodes)) == (a.strategy, a.gpus, a.nodes)
+                      and _same_devices(run.devices, a.devices))
         # Kept in place: same configuration and nodes, continuing at 0 with no set-up. Anything
         # else is a move (also a stop and a later restart on the same nodes), which pays restart_s.
         stays = same_place and abs(a.start_s) <= tol and abs(a.setup_s) <= tol

@@ -394,3 +394,29 @@ def test_the_planned_makespan_is_the_first_plan_that_knew_every_task():
     assert r.planned_makespan_s == pytest.approx(1500.0) and r.makespan_s == pytest.approx(1500.0)
     batch = simulate(_one_gpu_tasks(100, 1000), ClusterSpec.uniform(1, 1), "saturn-replan", SimConfig(noise=0.0))
     assert batch.planned_makespan_s == pytest.approx(1100.0)
+
+
+@pytest.mark.parametrize("policy", ["saturn-periodic", "saturn-replan"])
+def test_a_task_that_fits_no_node_of_the_cluster_is_refused_not_waited_for(policy):
+    """Waiting is for tasks too big for the nodes alive while some are down; one that fits no node the
+    cluster ever had is the solver's one-line error (it waited for a node that never failed, and
+    saturn-periodic re-planned until the event guard tripped)."""
+    prof = ProfileTable.from_rows([
+        {"task": "big", "strategy": "ddp", "gpus": 4, "nodes": 2, "step_time_s": 0.5, "steps": 100},
+        {"task": "small", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 100},
+    ])
+    with pytest.raises(SaturnError, match="task 'big' fits nowhere on this cluster"):
+        simulate(prof, ClusterSpec.uniform(1, 8), policy, SimConfig(objective="online", deterministic=True))
+
+
+def test_periodic_replans_stop_ticking_while_every_queued_task_waits_for_a_node():
+    # "big" fits only on node a, which fails for good: the run ends with the hint (it ticked forever).
+    prof = ProfileTable.from_rows([
+        {"task": "big", "strategy": "ddp", "gpus": 8, "step_time_s": 1.0, "steps": 1000},
+        {"task": "small", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 5000},
+    ])
+    cluster = ClusterSpec.from_dict({"nodes": [{"name": "a", "gpus": 8}, {"name": "b", "gpus": 2}]})
+    cfg = SimConfig(noise=0.0, arrivals={"big": 100.0, "small": 0.0}, failures=(NodeFailure("a", 50.0),),
+                    deterministic=True)
+    with pytest.raises(SaturnError, match="task\\(s\\) big unfinished; they waited for nodes that failed"):
+        simulate(prof, cluster, "saturn-periodic", cfg)

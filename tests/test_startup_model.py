@@ -236,3 +236,59 @@ def test_online_runs_with_start_ups_and_no_restart_cost_plan_validly(objective):
                         objective=objective)
         r = simulate(ProfileTable.from_rows(rows), ClusterSpec.uniform(2, 4), "saturn-replan", cfg)
         assert all(t.state == "finished" for t in r.tasks) and len(r.tasks) == 8
+
+
+def _running_kept_rows():
+    return [
+        {"task": "t2", "strategy": "single", "gpus": 1, "step_time_s": 2.0857, "steps": 2597},
+        {"task": "t4", "strategy": "single", "gpus": 1, "step_time_s": 0.949, "steps": 855},
+        {"task": "t6", "strategy": "ddp", "gpus": 3, "step_time_s": 1.3414, "steps": 3538},
+        {"task": "t8", "strategy": "single", "gpus": 1, "step_time_s": 1.5976, "steps": 2312},
+        {"task": "t14", "strategy": "fsdp", "gpus": 1, "step_time_s": 1.8351, "steps": 2549},
+        {"task": "t18", "strategy": "ddp", "gpus": 2, "step_time_s": 3.8128, "steps": 2314},
+        {"task": "t13", "strategy": "single", "gpus": 1, "step_time_s": 3.6041, "steps": 4709},
+    ]
+
+
+def test_online_plan_mean_completion_counts_a_task_kept_in_place_as_carrying_on():
+    """The online search "restarted" running tasks at 0 where they run; the plan keeps them there
+    (no restart), so they end sooner: the plan's mean completion time is its own ends' (the
+    validator refused it: 9449.9 against 9441.3)."""
+    from ray_saturn.context import PlanningContext, RunningTask
+    from ray_saturn.solver.objective import solver_policy
+
+    rows = _running_kept_rows()
+    running = tuple(RunningTask(r["task"], r["strategy"], 1, ("n1",), restart_s=30.0)
+                    for r in rows if r["task"] in ("t2", "t4", "t8", "t14"))
+    cluster = ClusterSpec.from_dict({"nodes": [{"name": "n1", "gpus": 4}]})
+    plan = solve(ProfileTable.from_rows(rows), cluster, solver_policy("saturn", objective="online", deterministic=True),
+                 context=PlanningContext(running=running), time_limit_s=0.5)
+    ends = [a.end_s for a in plan.assignments]
+    assert plan.mean_completion_s == pytest.approx(sum(ends) / len(ends))
+
+
+def test_a_running_task_kept_on_its_devices_carries_on_without_its_start_up():
+    """Device-level (a profile with a share row): a running task the schedule restarts at 0 on its own
+    configuration, node and devices carries on (no start-up); the validator refused the plan."""
+    from ray_saturn.context import PlanningContext, RunningTask
+    from ray_saturn.solver.objective import solver_policy
+
+    rows = [
+        {"task": "t5", "strategy": "single", "gpus": 1, "step_time_s": 3.8987, "steps": 690},
+        {"task": "t6", "strategy": "fsdp", "gpus": 3, "step_time_s": 1.0965, "steps": 4285, "startup_s": 41.96},
+        {"task": "t10", "strategy": "single", "gpus": 1, "step_time_s": 0.6816, "steps": 4017},
+        {"task": "t15", "strategy": "single", "gpus": 1, "step_time_s": 2.3172, "steps": 2728},
+        {"task": "t18", "strategy": "ddp", "gpus": 3, "step_time_s": 0.9151, "steps": 4500},
+        {"task": "t18", "strategy": "single", "gpus": 0.25, "step_time_s": 4.9194, "steps": 4500},
+    ]
+    devs = {"t5": ((0, 1.0),), "t6": ((1, 1.0), (2, 1.0), (3, 1.0)), "t10": ((4, 1.0),),
+            "t18": ((5, 1.0), (6, 1.0), (7, 1.0))}
+    strat = {"t5": ("single", 1), "t6": ("fsdp", 3), "t10": ("single", 1), "t18": ("ddp", 3)}
+    running = tuple(RunningTask(t, *strat[t], ("node-0",), restart_s=0.0, devices={"node-0": d})
+                    for t, d in devs.items())
+    plan = solve(ProfileTable.from_rows(rows), ClusterSpec.uniform(1, 8),
+                 solver_policy("saturn", objective="makespan", deterministic=True),
+                 context=PlanningContext(running=running), time_limit_s=0.5)
+    t6 = plan.assignment("t6")
+    if t6.start_s == 0.0 and t6.devices == {"node-0": ((1, 1.0), (2, 1.0), (3, 1.0))}:
+        assert t6.end_s == pytest.approx(4285 * 1.0965)  # carrying on: no start-up

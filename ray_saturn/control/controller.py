@@ -240,6 +240,8 @@ class Controller:
             )
         self._weights = dict(zip(profile.tasks, task_weights(profile, profile.tasks), strict=True))
         self.nodes: dict[str, NodeSpec] = {n.name: n for n in cluster.nodes}
+        #: every node the run has had (alive or not): a task that fits none of them can never run
+        self._known_nodes: dict[str, NodeSpec] = dict(self.nodes)
         self.tasks: dict[str, TaskProgress] = {}
         for t in profile.tasks:
             self.tasks[t] = TaskProgress(t, max(c.steps for c in profile.configs(t)))
@@ -351,8 +353,10 @@ class Controller:
             times.append(self._last_replan_s + self._gap_now())
         if self._price_lapse_s is not None and not self.done:
             times.append(max(self._price_lapse_s, self._now))
-        if self.first_makespan_s is not None and not self.done and not self._pending:
-            # (a re-plan waiting for its gap is a wake-up already, and it starts the next interval)
+        running = any(p.state is TaskState.RUNNING for p in self.tasks.values())
+        if self.first_makespan_s is not None and running and not self._pending:
+            # (a re-plan waiting for its gap is a wake-up already, and it starts the next interval;
+            # with nothing running, queued tasks wait for a node, and a node added re-plans)
             t = self.policy.next_tick_s(self._tick_base_s, self.horizon_s)
             if t is not None:
                 times.append(max(t, self._now))
@@ -578,6 +582,7 @@ class Controller:
             if ev.node.name in self.nodes:
                 raise SaturnError(f"node {ev.node.name!r} added, but it is already in the cluster")
             self.nodes[ev.node.name] = ev.node
+            self._known_nodes[ev.node.name] = ev.node
             unplanned = sum(p.state is TaskState.QUEUED and t not in self.planned for t, p in self.tasks.items())
             return self.policy.wants_replan(ev, self._view()) or (
                 f"node {ev.node.name} added; {unplanned} task(s) wait for a plan" if unplanned else None)
@@ -684,7 +689,10 @@ class Controller:
                              "reason": "no node is alive"})
             return []
         self._window = self._choose_window(queued)
-        homeless = sorted(p.task for p in queued if p.task not in self._backfilled and not self._fits_now(p.task))
+        # Tasks too big for the nodes alive now, but not for the cluster as it was (a node is down).
+        # One that fits no node ever seen is left in: the solver says which, in one line.
+        homeless = sorted(p.task for p in queued if p.task not in self._backfilled
+                          and not self._fits_now(p.task) and self._fits_now(p.task, self._known_nodes))
         if homeless:
             # Too big for the nodes alive now (some are down): they wait for a node to be added.
             logger.warning("t=%.0f s: %s fit(s) on no node alive now; waiting for a node", now, ", ".join(homeless))
@@ -813,13 +821,14 @@ class Controller:
         )
         return rate * (work / gpus) / gpus
 
-    def _fits_now(self, task: str) -> bool:
-        """Whether some feasible row of ``task`` fits the nodes alive now (GPUs per node, node count,
-        GPU type); a share of one GPU needs a node with a GPU."""
+    def _fits_now(self, task: str, nodes: Mapping[str, NodeSpec] | None = None) -> bool:
+        """Whether some feasible row of ``task`` fits ``nodes`` (default: those alive now) by GPUs per
+        node, node count and GPU type; a share of one GPU needs a node with a GPU."""
+        nodes = self.nodes if nodes is None else nodes
         for c in self.profile.configs(task, feasible_only=True):
             per_node = c.gpus / c.nodes if c.gpus >= 1 else 1
             room = sum(n.gpus >= per_node and (c.gpu_type is None or n.gpu_type == c.gpu_type)
-                       for n in self.nodes.values())
+                       for n in nodes.values())
             if room >= c.nodes:
                 return True
         return False

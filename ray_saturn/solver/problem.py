@@ -213,18 +213,24 @@ class Problem:
                 return i, nodes
         return None
 
-    def _kept_in_place(self, t: int, o: int, start: float, nodes: tuple[int, ...]) -> Option | None:
+    def _kept_in_place(self, t: int, o: int, start: float, nodes: tuple[int, ...],
+                       devices: Mapping[int, tuple[tuple[int, float], ...]] | None = None) -> Option | None:
         """Running task t's pinned option, when the schedule "restarts" it at 0 on its own
-        configuration and nodes: that is carrying on, which needs no start-up (the plan says
-        so, as the validator and the controller read it). ``None`` otherwise."""
+        configuration, nodes and (if it names them) devices: that is carrying on, which needs no
+        start-up (the plan says so, as the validator and the controller read it). ``None`` otherwise."""
         p = self.pinned_option(t)
         if p is None or o == p or start > 0:
             return None
         here = self.options[t][p]
         # Both options are made from the same profile row when the schedule restarts it on its own.
-        if self.options[t][o].config != here.config or here.pinned_devices is not None:
+        if self.options[t][o].config != here.config or set(nodes) != set(here.pinned_nodes):
             return None
-        return here if set(nodes) == set(here.pinned_nodes) else None
+        if here.pinned_devices is not None:
+            planned = {n: tuple(sorted(d for d, _ in ds)) for n, ds in (devices or {}).items() if ds}
+            held = {n: tuple(sorted(ds)) for n, ds in here.pinned_devices.items() if ds}
+            if planned != held:
+                return None  # other devices of its nodes: a restart there
+        return here
 
     def durations(self, choice: list[int]) -> list[float]:
         return [self.options[t][o].duration_s for t, o in enumerate(choice)]
@@ -249,7 +255,8 @@ class Problem:
             devices = None
             if sched.devices is not None:
                 devices = {self.node_names[n]: ds for n, ds in sched.devices[t].items()}
-            here = self._kept_in_place(t, sched.option[t], start, nodes)
+            here = self._kept_in_place(t, sched.option[t], start, nodes,
+                                       sched.devices[t] if sched.devices is not None else None)
             if here is not None:
                 opt, nodes = here, here.pinned_nodes
             assignments.append(
