@@ -172,6 +172,35 @@ def write_text(path: str, text: str, flag: str) -> None:
         raise SaturnError(f"{flag} {path}: cannot write ({exc.strerror or exc})") from None
 
 
+def add_arrival_options(p: argparse.ArgumentParser) -> None:
+    """``--arrivals SPEC`` and ``--objective`` (``auto``: see :func:`chosen_objective`)."""
+    from ray_saturn.solver.objective import OBJECTIVES
+
+    p.add_argument(
+        "--arrivals",
+        default="0",
+        metavar="SPEC",
+        help="when each task arrives, in profile seconds from the start: batch or 0 (all at once, "
+        "default), poisson:R (R tasks/hour), profile (its arrival_s column) or a trace: a CSV file "
+        "task,arrival_s",
+    )
+    p.add_argument(
+        "--objective",
+        default="auto",
+        choices=("auto", *OBJECTIVES),
+        help="what the saturn policies optimise: makespan, completion (mean completion time) or online "
+        "(completion time, makespan within 3%% of the best, idle GPUs backfilled); auto (default): "
+        "makespan when every task arrives at 0, online otherwise",
+    )
+
+
+def chosen_objective(objective: str, arrivals: dict[str, float]) -> str:
+    """``--objective``'s value, ``auto`` resolved: makespan when every task arrives at 0, else online."""
+    if objective != "auto":
+        return objective
+    return "makespan" if all(a <= 0 for a in arrivals.values()) else "online"
+
+
 def add_local_gpus_option(p: argparse.ArgumentParser, *, what: str) -> None:
     """``--num-gpus N``: start a local Ray for this command instead of joining a running cluster."""
     from ray_saturn.limits import MAX_GPUS_PER_NODE

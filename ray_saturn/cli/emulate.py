@@ -16,13 +16,12 @@ import json
 from dataclasses import replace
 
 from ray_saturn import defaults
-from ray_saturn.cli.args import count, fraction, json_stream, seconds, seed
+from ray_saturn.cli.args import add_arrival_options, chosen_objective, count, fraction, json_stream, seconds, seed
 from ray_saturn.cli.run import add_storage_option
 from ray_saturn.limits import MAX_GPUS_PER_NODE, MAX_NOISE
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.runtime.emulation import emulate
 from ray_saturn.sim.workload import parse_arrivals
-from ray_saturn.solver.objective import OBJECTIVES
 from ray_saturn.spec import ClusterSpec
 
 #: An emulated node is a raylet on this machine: more than this many is more than a laptop holds.
@@ -90,22 +89,7 @@ def add_parser(sub) -> None:
         help="one GPU type per emulated node (Ray's accelerator_type resource), e.g. fast,fast,slow,slow; "
         "rows of a profile's gpu_type column run only on nodes of their type",
     )
-    p.add_argument(
-        "--arrivals",
-        default="0",
-        metavar="SPEC",
-        help="when each task arrives, in profile seconds from the run's start: batch or 0 (all at once, "
-        "default), poisson:R (R tasks/hour), profile (its arrival_s column) or a trace: a CSV file "
-        "task,arrival_s",
-    )
-    p.add_argument(
-        "--objective",
-        default="auto",
-        choices=("auto", *OBJECTIVES),
-        help="what the saturn policies optimise: makespan, completion or online (completion time while "
-        "jobs arrive; it also backfills idle GPUs); auto (default): makespan when every task arrives "
-        "at 0, online otherwise",
-    )
+    add_arrival_options(p)
     add_storage_option(p, required=False, help="the run's folder, local path or URI (default: a new temporary folder)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -125,8 +109,7 @@ def run(args: argparse.Namespace) -> int:
     profile.check_feasible()
     arrivals = parse_arrivals(args.arrivals, profile, seed=args.seed)
     batch = all(a <= 0 for a in arrivals.values())
-    objective = ("makespan" if batch else "online") if args.objective == "auto" else args.objective
-    cfg = replace(cfg, objective=objective)
+    cfg = replace(cfg, objective=chosen_objective(args.objective, arrivals))
     from ray_saturn.runtime.emulation import check_emulated_types
     from ray_saturn.spec import NodeSpec
 

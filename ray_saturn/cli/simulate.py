@@ -14,7 +14,16 @@ import json
 import sys
 
 from ray_saturn import defaults
-from ray_saturn.cli.args import count, fraction, json_stream, output_file, seconds, seed
+from ray_saturn.cli.args import (
+    add_arrival_options,
+    chosen_objective,
+    count,
+    fraction,
+    json_stream,
+    output_file,
+    seconds,
+    seed,
+)
 from ray_saturn.cli.plan import add_cluster_args, cluster_from_args
 from ray_saturn.control import get_replan_policy, replan_policy_names
 from ray_saturn.errors import SpecError
@@ -29,7 +38,6 @@ from ray_saturn.sim import (
     parse_failures,
     random_failures,
 )
-from ray_saturn.solver.objective import OBJECTIVES
 
 DEFAULT_POLICIES = (
     "saturn-static",
@@ -60,21 +68,7 @@ def add_parser(sub) -> None:
     p.add_argument("--noise", type=fraction("--noise", high=MAX_NOISE), default=0.2,
                    help="relative spread of true step times (0.2)")
     p.add_argument("--seed", type=seed(), default=0)
-    p.add_argument(
-        "--arrivals",
-        default="0",
-        metavar="SPEC",
-        help="batch or 0 (all at once, default), poisson:R (R tasks/hour), profile (its arrival_s "
-        "column) or a trace: a CSV file task,arrival_s",
-    )
-    p.add_argument(
-        "--objective",
-        default="auto",
-        choices=("auto", *OBJECTIVES),
-        help="what the saturn policies optimise: makespan, completion (mean completion time) or online "
-        "(completion time, makespan within 3%% of the best); auto (default): makespan when every task "
-        "arrives at 0, online otherwise",
-    )
+    add_arrival_options(p)
     p.add_argument(
         "--restart-cost",
         type=seconds("--restart-cost", zero=True),
@@ -143,9 +137,7 @@ def run(args: argparse.Namespace) -> int:
     profile = ProfileTable.read(args.profile)
     arrivals = parse_arrivals(args.arrivals, profile, seed=args.seed)
     failures = parse_failures(args.failures, cluster) if args.failures else []
-    objective = args.objective
-    if objective == "auto":
-        objective = "makespan" if all(a <= 0 for a in arrivals.values()) else "online"
+    objective = chosen_objective(args.objective, arrivals)
     base = SimConfig(
         noise=args.noise,
         seed=args.seed,
