@@ -155,7 +155,7 @@ class Plan:
         out: dict[str, Any] = {
             "policy": self.policy,
             "makespan_s": float(self.makespan_s),  # unrounded, as the assignments' end_s it is the latest of
-            "lower_bound_s": round(self.lower_bound_s, 6),
+            "lower_bound_s": float(self.lower_bound_s),  # unrounded: never above the makespan by rounding
             "solve_time_s": round(self.solve_time_s, 6),
             "status": self.status,
             "assignments": [a.to_dict() for a in self.assignments],
@@ -163,9 +163,9 @@ class Plan:
         if self.objective != "makespan":
             out["objective"] = self.objective
         if self.mean_completion_s is not None:
-            out["mean_completion_s"] = round(self.mean_completion_s, 6)
+            out["mean_completion_s"] = float(self.mean_completion_s)
         if self.completion_lower_bound_s is not None:
-            out["completion_lower_bound_s"] = round(self.completion_lower_bound_s, 6)
+            out["completion_lower_bound_s"] = float(self.completion_lower_bound_s)
         return out
 
     def to_json(self, **kwargs: Any) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -148,3 +149,14 @@ def test_solve_refuses_a_policy_whose_plan_breaks_the_rules(small_profile):
 
     with pytest.raises(PlanError, match=r"node 'node-0' holds \d+ GPUs at 0.000 s but has 2"):
         solve(small_profile, CLUSTER, EverythingAtOnce())
+
+
+def test_json_never_puts_the_bound_above_the_makespan_by_rounding():
+    """A plan at its bound (optimal) read back from JSON: the bound was rounded to 6 decimals and the
+    makespan not, so 1.76171875 came back with a bound of 1.761719 above it."""
+    from ray_saturn.plan import Assignment, Plan
+
+    a = Assignment(task="a", strategy="ddp", gpus=1, nodes=("node-0",), start_s=0.0, end_s=1.76171875)
+    plan = Plan("saturn", 1.76171875, 1.76171875, 0.1, "optimal", [a])
+    back = Plan.from_dict(json.loads(plan.to_json()))
+    assert back.lower_bound_s <= back.makespan_s == plan.makespan_s
