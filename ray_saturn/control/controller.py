@@ -923,29 +923,25 @@ class Controller:
             stops, chosen = self._reclaim(chosen, now)
             out.extend(stops)
         for pt in chosen:
-            p = self.tasks[pt.task]
             # Before its first step: the restart set-up the plan allowed and the configuration's start-up.
             setup = pt.setup_s + self.profile.get(pt.task, *pt.placement.config_key).startup_s
-            p.state = TaskState.RUNNING
-            p.placement = pt.placement
-            p.reported_at_s = now + setup
-            p.estimate_step_time_s = self._plan_step_time.get(pt.task)
-            p.estimate_measured = False
-            p.forget_measurements()
-            p.segments.append(Segment(pt.placement, now, setup, steps_start=p.steps_done))
-            out.append(
-                Launch(
-                    pt.task,
-                    pt.placement,
-                    p.steps_done,
-                    setup,
-                    pt.start_s,
-                    p.estimate_step_time_s,
-                )
-            )
+            out.append(self._launch(pt.task, pt.placement, now, setup, pt.start_s, self._plan_step_time.get(pt.task)))
         if self.backfill and self.plan is not None:
             out.extend(self._fill(now))
         return out
+
+    def _launch(self, task: str, placement: Placement, now: float, setup_s: float, planned_start_s: float,
+                estimate_step_time_s: float | None) -> Launch:
+        """Start a segment of ``task`` on ``placement`` now: its state, its segment, the action."""
+        p = self.tasks[task]
+        p.state = TaskState.RUNNING
+        p.placement = placement
+        p.reported_at_s = now + setup_s
+        p.estimate_step_time_s = estimate_step_time_s
+        p.estimate_measured = False
+        p.forget_measurements()
+        p.segments.append(Segment(placement, now, setup_s, steps_start=p.steps_done))
+        return Launch(task, placement, p.steps_done, setup_s, planned_start_s, estimate_step_time_s)
 
     def _reclaim(self, chosen: list[PlannedTask], now: float) -> tuple[list[Stop], list[PlannedTask]]:
         """Stop the backfills the plan's launches ``chosen`` need: a task whose own turn came, and on
@@ -1033,17 +1029,10 @@ class Controller:
             occ.take(placed)
             for n in nodes:
                 free[n] -= c.gpus // c.nodes
-            p.state = TaskState.RUNNING
-            p.placement = placed
-            p.reported_at_s = now + c.startup_s
-            p.estimate_step_time_s = st
-            p.estimate_measured = False
-            p.forget_measurements()
-            p.segments.append(Segment(placed, now, c.startup_s, steps_start=p.steps_done))
+            out.append(self._launch(t, placed, now, c.startup_s, now, st))
             self._backfilled[t] = self.restart_s + c.move_cost_s
             self.backfills += 1
             self.log.append({"time_s": round(now, 3), "kind": "backfill", "task": t, **placed.to_dict()})
-            out.append(Launch(t, placed, p.steps_done, c.startup_s, now, st))
         return out
 
 
