@@ -304,13 +304,18 @@ class Controller:
             [p.placement for p in self.tasks.values() if p.state is TaskState.RUNNING and p.placement is not None],
         )
 
+    def _plan_running(self) -> dict[str, Placement]:
+        """The running tasks as the plan sees them: backfills are waiting for their turn."""
+        return {p.task: p.placement for p in self.tasks.values()
+                if p.state is TaskState.RUNNING and p.placement is not None and p.task not in self._backfilled}
+
+    def _plan_waits(self, p: TaskProgress) -> bool:
+        """Whether the plan sees ``p`` as waiting: queued, or backfilled ahead of its turn."""
+        return p.state is TaskState.QUEUED or p.task in self._backfilled
+
     def _plan_occupancy(self) -> Occupancy:
         """The ledger with the backfilled tasks' devices free (the plan may take them)."""
-        return Occupancy(
-            {n: s.gpus for n, s in self.nodes.items()},
-            [p.placement for p in self.tasks.values()
-             if p.state is TaskState.RUNNING and p.placement is not None and p.task not in self._backfilled],
-        )
+        return Occupancy({n: s.gpus for n, s in self.nodes.items()}, self._plan_running().values())
 
     def free_gpus(self) -> dict[str, int]:
         """Free whole GPUs per alive node (devices no running task holds any share of)."""
@@ -642,12 +647,8 @@ class Controller:
         """The plan being followed: running tasks where they run, then queued ones in planned order."""
         if self.plan is None:
             return None
-        bf = self._backfilled
-        running = [p for p in self.tasks.values()
-                   if p.state is TaskState.RUNNING and p.placement is not None and p.task not in bf]
-        queued = sorted((e.start_s, t) for t, e in self.planned.items()
-                        if self.tasks[t].state is TaskState.QUEUED or t in bf)
-        placements = {p.task: p.placement for p in running}
+        queued = sorted((e.start_s, t) for t, e in self.planned.items() if self._plan_waits(self.tasks[t]))
+        placements = self._plan_running()
         placements.update((t, self.planned[t].placement) for _, t in queued)
         return Incumbent(
             tuple(placements),
@@ -677,7 +678,7 @@ class Controller:
 
     def _replan(self, now: float, reasons: list[str]) -> list[Action]:
         self._tick_base_s = now
-        queued = [p for p in self.tasks.values() if p.state is TaskState.QUEUED or p.task in self._backfilled]
+        queued = [p for p in self.tasks.values() if self._plan_waits(p)]
         if not queued and not self.policy.allows_moves:
             self._last_replan_s = now
             return []
@@ -693,8 +694,7 @@ class Controller:
         # One that fits no node ever seen is left in: the solver says which, in one line.
         homeless = sorted(p.task for p in queued if p.task not in self._backfilled
                           and not self._fits_now(p.task) and self._fits_now(p.task, self._known_nodes))
-        if homeless:
-            # Too big for the nodes alive now (some are down): they wait for a node to be added.
+        if homeless:  # they wait for a node to be added
             logger.warning("t=%.0f s: %s fit(s) on no node alive now; waiting for a node", now, ", ".join(homeless))
             self.log.append({"time_s": round(now, 3), "kind": "waiting", "tasks": homeless,
                              "reason": "no configuration fits the nodes alive"})
@@ -708,10 +708,7 @@ class Controller:
             self._last_replan_s = now
             return []
         t0 = time.perf_counter()
-        running = {
-            p.task: p.placement for p in self.tasks.values()
-            if p.state is TaskState.RUNNING and p.placement is not None and p.task not in self._backfilled
-        }
+        running = self._plan_running()
         limit = self.solver_time_limit_s
         area_weight = self._future_load(inp, now)
         self._price_lapse_s = self._price_lapse() if area_weight > 0 else None
@@ -914,12 +911,10 @@ class Controller:
                 p.estimate_measured = True
 
     def _dispatch(self, now: float) -> list[Action]:
-        bf = self._backfilled
-        queue = [self.planned[t] for t, p in self.tasks.items()
-                 if (p.state is TaskState.QUEUED or t in bf) and t in self.planned]
+        queue = [self.planned[t] for t, p in self.tasks.items() if self._plan_waits(p) and t in self.planned]
         out: list[Action] = []
         chosen = dispatch(queue, self._plan_occupancy(), now_s=now) if queue else []
-        if bf and chosen:
+        if self._backfilled and chosen:
             stops, chosen = self._reclaim(chosen, now)
             out.extend(stops)
         for pt in chosen:
@@ -1027,8 +1022,7 @@ class Controller:
             if placed is None:
                 continue
             occ.take(placed)
-            for n in nodes:
-                free[n] -= c.gpus // c.nodes
+            free = occ.free_gpus()
             out.append(self._launch(t, placed, now, c.startup_s, now, st))
             self._backfilled[t] = self.restart_s + c.move_cost_s
             self.backfills += 1
