@@ -245,10 +245,26 @@ def test_a_misshapen_state_is_one_line_never_a_traceback(tmp_path, capsys, bad):
     with pytest.raises(StorageError) as err:
         Journal(store).read_state()
     assert "\n" not in str(err.value) and "state.json is not" in str(err.value)
-    assert main(["status", str(tmp_path)]) == 0
+    assert main(["status", str(tmp_path)]) == 2  # no backup, no events: nothing readable to show
     out = capsys.readouterr()
-    assert "Traceback" not in out.err
-    assert "state.json is not" in out.out and "driver not running" in out.out
+    assert "Traceback" not in out.err and out.out == ""
+    assert out.err.count("\n") == 1 and "no readable run state (state.json is not" in out.err
+
+
+def test_status_of_a_run_folder_of_garbage_is_one_line_exit_2(tmp_path, capsys):
+    for name in (RUN_FILE, STATE_FILE, STATE_BACKUP_FILE, PROFILE_FILE, "events.jsonl", "plan.json"):
+        (tmp_path / name).write_text("garbage{{\n")
+    with pytest.raises(StorageError, match=r"no readable run state \(state.json is not valid JSON"):
+        run_status(tmp_path)
+    assert main(["status", str(tmp_path)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1, out.err
+    assert out.err.startswith("ray-saturn status: error: ") and "state.json.bak is not valid JSON" in out.err
+    assert "profile.parquet is damaged" in out.err and "put back a good state.json" in out.err
+    # A readable backup is still a fallback, and exit 0.
+    Journal(RunStorage(tmp_path)).storage.write_json(STATE_BACKUP_FILE, state())
+    assert main(["status", str(tmp_path)]) == 0
+    assert "showing state.json.bak" in capsys.readouterr().out
 
 
 def test_status_says_a_killed_driver_is_not_seen(tmp_path, capsys):

@@ -4,7 +4,9 @@ The first line says whether the run's driver lives (the run folder's lock
 and its heartbeat): a run that is not over and whose driver has not been
 seen says for how long, and that ``ray-saturn resume STORAGE`` continues it.
 A damaged ``state.json`` falls back to its backup, and a missing one to what
-the events show; the status says which it shows.
+the events show; the status says which it shows. With nothing readable (the
+state files damaged and nothing rebuilt from the events) and no live driver,
+it ends with one line naming the damaged files, and exit code 2.
 """
 
 from __future__ import annotations

@@ -20,7 +20,14 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ray_saturn.runtime.journal import EVENTS_FILE, PROFILE_FILE, RUN_FILE, Journal
+from ray_saturn.runtime.journal import (
+    EVENTS_FILE,
+    PROFILE_FILE,
+    RUN_FILE,
+    STATE_BACKUP_FILE,
+    STATE_FILE,
+    Journal,
+)
 from ray_saturn.runtime.lease import read_lease
 from ray_saturn.runtime.records import RunOutcome
 from ray_saturn.runtime.storage import RunStorage, StorageError
@@ -69,7 +76,8 @@ def run_status(storage: str | os.PathLike[str]) -> dict[str, Any]:
     """A run's persisted state with ``driver`` (a :class:`DriverHealth` as a dict) and ``state_source``.
 
     Raises:
-        StorageError: one line, when the folder holds no run.
+        StorageError: one line, when the folder holds no run, or when its state files are damaged,
+            nothing can be rebuilt from its events and no live driver will write them again.
 
     Example:
         >>> # run_status("/tmp/runs/lr-sweep")["tasks"]["bert-0"]["state"]
@@ -94,6 +102,12 @@ def run_status(storage: str | os.PathLike[str]) -> dict[str, Any]:
         out["reason"] = out.get("reason") or f"every task failed ({len(o.failed)})"
         state = {**state, "driver_state": o.state} if state else state
     health = _health(store, state)
+    damaged = [p for p in problems if not p.endswith(" is missing")]
+    if state is None and damaged and not health.alive:
+        raise StorageError(
+            f"{store.display}: no readable run state ({'; '.join(damaged)}); put back a good "
+            f"{STATE_FILE} or {STATE_BACKUP_FILE}, or start the run again in a new folder"
+        )
     if state is None:
         out["driver_state"] = "starting" if health.alive else "stopped"
     elif not health.alive and out.get("driver_state") not in FINAL_STATES:
