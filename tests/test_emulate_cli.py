@@ -78,6 +78,14 @@ def test_emulate_json_contract_and_status(tmp_path):
          "or an existing CSV file (task,arrival_s)"),
         (["emulate", "{p}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "1", "--arrivals", "poisson:x"],
          "poisson"),
+        (["emulate", "{p}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "1", "--gpu-types", ""],
+         "argument --gpu-types: '' is empty; give one GPU type per emulated node"),
+        (["emulate", "{p}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "1", "--gpu-types", "  "],
+         "argument --gpu-types: ' ' is empty"),  # the parser's one line collapses spaces
+        (["emulate", "{p}", "--nodes", "2", "--gpus-per-node", "2", "--time-scale", "1", "--gpu-types", "a1,b 2"],
+         "argument --gpu-types: entry 2 is 'b 2'; use letters"),
+        (["emulate", "{p}", "--nodes", "2", "--gpus-per-node", "2", "--time-scale", "1", "--gpu-types", "a1,,a1"],
+         "3 GPU type(s) for 2 emulated node(s)"),
         (["status", "{missing}"], "no such run folder"),
         (["resume", "{missing}"], "no such run folder"),
         (["run", "{missing}", "--run-dir", "{missing}"], "no such workload file"),
@@ -101,6 +109,17 @@ def test_bad_input_is_one_line(tmp_path, capsys, monkeypatch, args, message):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_an_empty_gpu_types_entry_is_an_untyped_node():
+    from ray_saturn.cli import build_parser
+
+    def parse(text):
+        return build_parser().parse_args(["emulate", "p.csv", "--nodes", "3", "--gpus-per-node", "1",
+                                          "--time-scale", "1", "--gpu-types", text]).gpu_types
+
+    assert parse("a100,,h100") == ["a100", None, "h100"]
+    assert parse(" a100 , h100,") == ["a100", "h100", None]
 
 
 @pytest.mark.parametrize("extra, objective, arrivals", [

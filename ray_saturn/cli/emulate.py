@@ -44,6 +44,21 @@ def time_scale(text: str) -> float:
     return value
 
 
+def gpu_types(text: str) -> list[str | None]:
+    """--gpu-types: comma-separated GPU type names, one per node; an empty entry is an untyped node."""
+    from ray_saturn.errors import SaturnError
+    from ray_saturn.spec import check_gpu_type
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is empty; give one GPU type per emulated node, e.g. fast,fast,slow, or leave the flag out"
+        )
+    try:
+        return [check_gpu_type(t, f"entry {i + 1}") for i, t in enumerate(text.split(","))]
+    except SaturnError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "emulate", help="run the runtime on emulated tasks on a local cluster", description=__doc__
@@ -83,11 +98,12 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--gpu-types",
-        type=lambda text: [t.strip() or None for t in text.split(",")],
+        type=gpu_types,
         default=None,
         metavar="T,T,...",
         help="one GPU type per emulated node (Ray's accelerator_type resource), e.g. fast,fast,slow,slow; "
-        "rows of a profile's gpu_type column run only on nodes of their type",
+        "rows of a profile's gpu_type column run only on nodes of their type; an empty entry (fast,,slow) "
+        "leaves its node untyped: it runs only rows with an empty gpu_type",
     )
     add_arrival_options(p)
     add_storage_option(p, required=False, help="the run's folder, local path or URI (default: a new temporary folder)")
