@@ -5,7 +5,7 @@ columns are
 
 =============  ==========  ==================================================
 task           string      task name, unique per task
-strategy       string      registered strategy name, e.g. ``ddp``, ``fsdp``
+strategy       string      registered strategy name, e.g. ``ddp``, ``fsdp`` (any case: read lower case)
 gpus           int >= 1    GPUs the configuration uses in total, or a share
                            1/2, 1/4 or 1/8 of one device (nodes = 1; written
                            as 0.5, 0.25, 0.125 or "1/4"): the task shares the
@@ -72,7 +72,7 @@ from ray_saturn.limits import (
     number,
     whole,
 )
-from ray_saturn.spec import check_gpu_type, check_name
+from ray_saturn.spec import canonical_strategy, check_gpu_type, check_name
 
 __all__ = ["COLUMNS", "COST_COLUMNS", "Config", "ProfileTable"]
 
@@ -507,7 +507,7 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
             check_name(task)
         except SpecError as exc:
             raise ProfileError(f"{where}: {exc}") from None
-        strategy = _cell_str(data["strategy"][i])
+        strategy = canonical_strategy(_cell_str(data["strategy"][i]))  # DDP is ddp, as feasible's TRUE is true
         if not strategy:
             raise ProfileError(f"{where}: strategy is empty; name a registered strategy such as ddp")
         gpus = _parse_gpus(data["gpus"][i], where)

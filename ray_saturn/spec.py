@@ -23,7 +23,15 @@ from typing import Any
 from ray_saturn.errors import SpecError
 from ray_saturn.limits import MAX_GPUS_PER_NODE, MAX_NODES, MAX_STEPS, whole
 
-__all__ = ["ClusterSpec", "NodeSpec", "Task", "check_gpu_type", "check_name", "ray_node_gpu_type"]
+__all__ = [
+    "ClusterSpec",
+    "NodeSpec",
+    "Task",
+    "canonical_strategy",
+    "check_gpu_type",
+    "check_name",
+    "ray_node_gpu_type",
+]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=@,-]*$")
 _MAX_NAME = 128
@@ -54,6 +62,17 @@ def check_name(name: object, what: str = "task name") -> str:
             "only, starting with a letter or digit (no '/', '..', spaces or NUL)"
         )
     return name
+
+
+def canonical_strategy(name: object) -> object:
+    """A strategy name as the registry keys it: names are matched case-insensitively (``DDP`` is
+    ``ddp``), as registered names are lower case. Anything not a string is left for the registry to refuse.
+
+    Example:
+        >>> canonical_strategy(" DDP-Compressed ")
+        'ddp-compressed'
+    """
+    return name.strip().lower() if isinstance(name, str) else name
 
 
 def check_gpu_type(value: object, what: str = "gpu_type") -> str | None:
@@ -302,7 +321,7 @@ class Task:
         if self.strategies is not None:
             if isinstance(self.strategies, str):
                 self.strategies = (self.strategies,)
-            self.strategies = tuple(self.strategies)
+            self.strategies = tuple(canonical_strategy(s) for s in self.strategies)
             if not self.strategies:
                 raise SpecError(f"task {self.name!r}: strategies=() allows nothing; leave it None for all")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from ray_saturn import ProfileError, ProfileTable
@@ -154,3 +156,31 @@ def test_decimal_parquet_columns_are_read_as_numbers(tmp_path):
                              "startup_s": pa.array([Decimal("0.25")])}), tmp_path / "p.parquet")
     (c,) = ProfileTable.read(tmp_path / "p.parquet")
     assert (c.gpus, c.step_time_s, c.startup_s) == (2, 1.5, 0.25)
+
+
+def test_strategy_names_are_read_in_any_case_as_the_registered_lower_case_name(tmp_path):
+    p = write(tmp_path, "task,strategy,gpus,step_time_s,steps,feasible\na,DDP,2,1.0,10,TRUE\nb, Fsdp ,1,2.0,5,True\n")
+    t = ProfileTable.read(p)
+    assert t.strategies() == {"ddp", "fsdp"} and t.get("a", "ddp", 2).step_time_s == 1.0
+    t.check_strategies(["ddp", "fsdp"])  # executable: the names are the registered ones
+    # DDP and ddp are one configuration: a second row for it is a duplicate, not a second configuration.
+    dup = write(tmp_path, "task,strategy,gpus,step_time_s,steps\na,DDP,1,1.0,10\na,ddp,1,0.5,10\n", "dup.csv")
+    with pytest.raises(ProfileError, match=r"row 2: duplicate of row 1 \(task 'a', strategy 'ddp'"):
+        ProfileTable.read(dup)
+
+
+def test_strategy_names_elsewhere_are_matched_in_any_case_too():
+    from ray_saturn.strategies.registry import get_strategy, register
+    from ray_saturn.strategies.single import Single
+    from ray_saturn.toy import mlp_task
+
+    assert get_strategy("DDP").name == "ddp"
+    assert dataclasses.replace(mlp_task("m"), strategies=("Single", "DDP")).strategies == ("single", "ddp")
+
+    class Shouting(Single):
+        name = "Shouting"
+
+    from ray_saturn.strategies.base import StrategyError
+
+    with pytest.raises(StrategyError, match="name it in lower case: name = 'shouting'"):
+        register(Shouting)

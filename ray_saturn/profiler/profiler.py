@@ -75,7 +75,7 @@ from ray_saturn.profiler.shares import (
     whole_gpu_budget,
 )
 from ray_saturn.profiler.store import ProfileStore, StoredShare, StoredStartup, StoredTrial
-from ray_saturn.spec import ClusterSpec, Task, check_unique_names
+from ray_saturn.spec import ClusterSpec, Task, canonical_strategy, check_unique_names
 from ray_saturn.strategies.registry import get_strategy, strategy_names
 
 __all__ = ["ProfileResult", "Profiler", "knobs_for", "parse_knobs", "profile"]
@@ -267,7 +267,7 @@ class Profiler:
         if not 0 <= min_improvement < 1:
             raise SpecError(f"min_improvement is {min_improvement}; give a fraction in [0, 1), e.g. 0.05")
         self.cluster = cluster
-        self.strategies = list(strategies) if strategies is not None else None
+        self.strategies = [canonical_strategy(s) for s in strategies] if strategies is not None else None
         if self.strategies is not None:
             for s in self.strategies:
                 get_strategy(s)

@@ -19,6 +19,7 @@ import importlib
 import logging
 from importlib.metadata import entry_points
 
+from ray_saturn.spec import canonical_strategy
 from ray_saturn.strategies.base import Strategy, StrategyError
 
 __all__ = ["ENTRY_POINT_GROUP", "get_strategy", "register", "strategy_names"]
@@ -51,6 +52,11 @@ def register(strategy: type[Strategy] | Strategy, *, replace: bool = False) -> S
     if not isinstance(name, str) or not name:
         raise StrategyError(
             f"strategy {type(inst).__name__} has no name; set the class attribute name = '...'"
+        )
+    if name != canonical_strategy(name):
+        raise StrategyError(
+            f"strategy {type(inst).__name__} is named {name!r}; strategy names are matched case-insensitively, "
+            f"so name it in lower case: name = {canonical_strategy(name)!r}"
         )
     if name in _registry and not replace and type(_registry[name]) is not type(inst):
         raise StrategyError(
@@ -93,7 +99,8 @@ def strategy_names() -> list[str]:
 
 
 def get_strategy(name: str) -> Strategy:
-    """The registered strategy called ``name``; an unknown name lists the registered ones."""
+    """The registered strategy called ``name`` (any case); an unknown name lists the registered ones."""
+    name = canonical_strategy(name)  # type: ignore[assignment]
     _load_builtins()
     if name not in _registry:
         _load_entry_points()
