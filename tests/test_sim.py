@@ -311,6 +311,24 @@ def test_cli_simulate_json_plot_and_errors(tmp_path, capsys):
     assert rc == 2
 
 
+def test_a_policy_named_twice_is_refused_before_simulating(tmp_path, capsys, monkeypatch):
+    import ray_saturn.cli.simulate as cli_simulate
+    from ray_saturn.cli import main
+    from ray_saturn.control.replan import StaticReplan
+
+    profile, _ = moldable_profile(2, 1, 2, seed=1)
+    profile.write(tmp_path / "p.csv")
+    monkeypatch.setattr(cli_simulate, "compare", lambda *a, **k: pytest.fail("simulated a policy named twice"))
+    rc = main(["simulate", str(tmp_path / "p.csv"), "--nodes", "1", "--gpus-per-node", "2", "--policies",
+               "fifo-fastest, saturn-static,fifo-fastest"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and not out and err.count("\n") == 1, err
+    assert "--policies names fifo-fastest more than once; name each policy once" in err
+    # The library too: results are keyed by name, so one of the two runs would be lost.
+    with pytest.raises(SaturnError, match="policy fifo-fastest given more than once"):
+        compare(profile, ClusterSpec.uniform(1, 2), ["fifo-fastest", StaticReplan("fifo-fastest")])
+
+
 def _one_gpu_tasks(*steps: int) -> ProfileTable:
     return ProfileTable.from_rows([{"task": f"t{i}", "strategy": "single", "gpus": 1, "step_time_s": 1.0,
                                     "steps": s} for i, s in enumerate(steps)])

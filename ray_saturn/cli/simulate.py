@@ -128,6 +128,9 @@ def run(args: argparse.Namespace) -> int:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:
         raise SpecError("--policies is empty; name at least one policy")
+    twice = sorted({p for p in policies if policies.count(p) > 1})
+    if twice:
+        raise SpecError(f"--policies names {', '.join(twice)} more than once; name each policy once")
     for name in policies:
         get_replan_policy(name)
     if args.plot:

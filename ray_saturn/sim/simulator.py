@@ -537,7 +537,15 @@ def compare(
     policies: Sequence[str | ReplanPolicy],
     config: SimConfig | None = None,
 ) -> dict[str, SimResult]:
-    """Simulate each policy on the same world (same true step times, arrivals, failures)."""
+    """Simulate each policy on the same world (same true step times, arrivals, failures).
+
+    The results are keyed by policy name: a name given twice is a one-line :class:`SpecError`.
+    """
+    policies = [get_replan_policy(p) if isinstance(p, str) else p for p in policies]
+    names = [p.name for p in policies]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise SpecError(f"policy {', '.join(twice)} given more than once; compare each policy once")
     out = {}
     for p in policies:
         r = simulate(profile, cluster, p, config)
