@@ -588,6 +588,45 @@ def test_a_resumed_emulation_names_run_json_not_flags(tmp_path, capsys, cluster,
     assert not ray.is_initialized()
 
 
+def emulated_folder(tmp_path, driver_state="running"):
+    store = RunStorage(tmp_path / "run")
+    store.write_json(RUN_FILE, RunSettings(name="r", mode="emulate", time_scale=0.01,
+                                           emulated_cluster={"nodes": 1, "gpus_per_node": 1}).to_dict())
+    Journal(store).write_profile(ProfileTable.from_rows(
+        [{"task": "a", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 10}]))
+    Journal(store).write_state(state(driver_state=driver_state))
+    return store
+
+
+def no_cluster(monkeypatch):
+    import ray_saturn.runtime.api as api
+
+    def refuse(*a, **k):
+        raise AssertionError("started a cluster or driver")
+
+    for name in ("emulated_context", "connected", "start_driver"):
+        monkeypatch.setattr(api, name, refuse)
+
+
+def test_resuming_an_emulated_run_with_a_workload_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    """An emulated run has no workload file: --workload was ignored (the run went on as emulated)."""
+    from ray_saturn.runtime.api import resume
+
+    no_cluster(monkeypatch)
+    store = emulated_folder(tmp_path)
+    wl = tmp_path / "sweep.py"
+    wl.write_text(WORKLOAD)
+    before = sorted(p.name for p in (tmp_path / "run").iterdir())
+    assert main(["resume", str(tmp_path / "run"), "--workload", str(wl)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1, out.err
+    assert out.err.startswith("ray-saturn resume: error: ") and "is an emulated run: it has no workload file" in out.err
+    assert "resume it without --workload" in out.err
+    with pytest.raises(SpecError, match="is an emulated run"):
+        resume(store.uri, tasks=[])
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before, "nothing was written"
+
+
 def test_the_private_ray_environment_is_restored_on_exit(monkeypatch):
     from ray_saturn.runtime.emulation import private_ray_environment
 

@@ -6,7 +6,8 @@ WORKLOAD`` reloads its workload file, but only while the file's SHA-256 is
 the one recorded when the run started (anyone who can write the run folder
 can change the path it records): pass --workload FILE to run a file you
 have checked. An emulated run starts a local emulated cluster of the same
-shape unless Ray is already connected.
+shape unless Ray is already connected; it has no workload file, so
+--workload is refused there.
 
 A run folder in use by a live run is refused; the lock of a dead one is
 taken over (and says whose it was). A missing or damaged state.json falls

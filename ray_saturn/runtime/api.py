@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from ray_saturn.errors import SaturnError
+from ray_saturn.errors import SaturnError, SpecError
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.runtime.actor import (
     DRIVER_NAMESPACE,
@@ -147,6 +147,8 @@ def resume(
     have been started from a workload file (``ray-saturn run WORKLOAD``),
     which is reloaded only while its SHA-256 is the one recorded at ``run``;
     pass ``workload`` to run a file you vouch for (it becomes the recorded one).
+    An emulated run has no tasks to pass: ``tasks`` or ``workload`` is a
+    one-line :class:`SpecError`.
 
     A folder whose lock is held by a live run is refused; a lock whose owner
     is dead is taken over (with a warning that says whose it was). What a
@@ -165,6 +167,11 @@ def resume(
     store.check()  # before any GPU is held
     journal = Journal(store)
     settings = _read_settings(journal)
+    if settings.mode != "train" and (tasks is not None or workload is not None):
+        raise SpecError(
+            f"{store.display} is an emulated run: it has no workload file or tasks; "
+            "resume it without --workload (or tasks=)"
+        )
     if settings.mode == "train" and tasks is None and workload is None:
         # Refuse an untrusted workload file before taking the lock: a refusal touches nothing (taking a
         # dead run's lock and releasing it would hide from the next resume whose it was).
