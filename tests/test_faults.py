@@ -627,6 +627,28 @@ def test_resuming_an_emulated_run_with_a_workload_is_refused_in_one_line(tmp_pat
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before, "nothing was written"
 
 
+def test_resuming_a_finished_run_starts_nothing_and_says_so(tmp_path, capsys, monkeypatch, caplog):
+    """A finished emulated run's resume started an emulated cluster (about 15 s) and a driver, which
+    found nothing to do, and moved the run's end by that time; now the state is read first."""
+    from ray_saturn.runtime.api import resume
+
+    no_cluster(monkeypatch)
+    store = emulated_folder(tmp_path, driver_state="finished")
+    st = store.read_json(STATE_FILE) | {"planned_makespan_s": 9.5, "replans": 2, "moves": 1}
+    st["tasks"]["a"].update(state="finished", steps_done=10)
+    Journal(store).write_state(st)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()}
+    with caplog.at_level(logging.WARNING):
+        result = resume(store.uri)
+    assert "the run already finished; nothing to resume" in caplog.text
+    assert (result.state, result.planned_makespan_s, result.realised_makespan_s) == ("finished", 9.5, 12.0)
+    assert (result.replans, result.moves, list(result.tasks)) == (2, 1, ["a"])
+    assert main(["resume", str(tmp_path / "run")]) == 0
+    assert "run finished: makespan 12 s (planned 10 s), 2 re-plan(s), 1 move(s)" in capsys.readouterr().out
+    after = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()}
+    assert after == before, "nothing was written (no lock, no event, no new state)"
+
+
 def test_the_private_ray_environment_is_restored_on_exit(monkeypatch):
     from ray_saturn.runtime.emulation import private_ray_environment
 

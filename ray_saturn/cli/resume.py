@@ -1,7 +1,8 @@
 """``ray-saturn resume STORAGE``: continue a run whose driver stopped.
 
 Finished tasks are not run again; the others restart from their latest
-checkpoint on a fresh plan. A training run started with ``ray-saturn run
+checkpoint on a fresh plan. A run that already finished prints its result
+and starts nothing. A training run started with ``ray-saturn run
 WORKLOAD`` reloads its workload file, but only while the file's SHA-256 is
 the one recorded when the run started (anyone who can write the run folder
 can change the path it records): pass --workload FILE to run a file you

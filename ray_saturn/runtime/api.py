@@ -148,7 +148,8 @@ def resume(
     which is reloaded only while its SHA-256 is the one recorded at ``run``;
     pass ``workload`` to run a file you vouch for (it becomes the recorded one).
     An emulated run has no tasks to pass: ``tasks`` or ``workload`` is a
-    one-line :class:`SpecError`.
+    one-line :class:`SpecError`. A run that already finished is not started
+    again: its result is returned as persisted, nothing started or written.
 
     A folder whose lock is held by a live run is refused; a lock whose owner
     is dead is taken over (with a warning that says whose it was). What a
@@ -172,14 +173,16 @@ def resume(
             f"{store.display} is an emulated run: it has no workload file or tasks; "
             "resume it without --workload (or tasks=)"
         )
+    done = _finished_result(journal)
+    if done is not None:  # before the lock, the workload check and any cluster: nothing is left to run
+        logger.warning("%s: the run already finished; nothing to resume", store.display)
+        return done
     if settings.mode == "train" and tasks is None and workload is None:
         # Refuse an untrusted workload file before taking the lock: a refusal touches nothing (taking a
         # dead run's lock and releasing it would hide from the next resume whose it was).
         _check_recorded_workload(journal, settings)
     with RunLease(store, command="resume", run_name=settings.name).held() as lease:
         state = _resume_state(journal, settings, lease)
-        if state.get("driver_state") in ("finished",):
-            logger.info("%s: the run already finished; nothing to resume", store.display)
         profile = journal.read_profile()
         task_map: dict[str, Task] | None = None
         if settings.mode == "train":
@@ -209,6 +212,25 @@ def _read_settings(journal: Journal) -> RunSettings:
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise StorageError(f"{journal.storage.display}/{RUN_FILE} is not the settings of a run ({type(exc).__name__}: "
                            f"{exc})".splitlines()[0]) from None
+
+
+def _finished_result(journal: Journal) -> DriverResult | None:
+    """The persisted result of a run whose driver finished, read from its state (``None`` otherwise)."""
+    from ray_saturn.runtime.records import TaskRecord
+
+    state = journal.load_state().state
+    if state is None or state.get("driver_state") != "finished":
+        return None
+    planned = state.get("planned_makespan_s")
+    return DriverResult(
+        state="finished",
+        planned_makespan_s=float(planned) if isinstance(planned, (int, float)) else None,
+        realised_makespan_s=float(state.get("time_s", 0.0)),
+        replans=int(state.get("replans", 0)),
+        moves=int(state.get("moves", 0)),
+        tasks={t: TaskRecord.from_dict(r) for t, r in state["tasks"].items()},
+        reason=str(state.get("reason") or ""),
+    )
 
 
 def _resume_state(journal: Journal, settings: RunSettings, lease: RunLease) -> dict[str, Any]:
