@@ -649,6 +649,26 @@ def test_resuming_a_finished_run_starts_nothing_and_says_so(tmp_path, capsys, mo
     assert after == before, "nothing was written (no lock, no event, no new state)"
 
 
+@pytest.mark.parametrize("link", ["tasks/a", "tasks/a/emulated"])
+def test_resume_refuses_a_task_folder_linked_out_of_the_run_folder_before_anything_starts(
+        tmp_path, capsys, monkeypatch, link):
+    """The driver opened the task folders only once started: the resume started a cluster and a driver
+    that died on the link ('the driver died (RayTaskError(StorageError) ...); resume continues the run')."""
+    no_cluster(monkeypatch)
+    store = emulated_folder(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "run" / link).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "run" / link).symlink_to(outside)
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert main(["resume", store.uri]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1, out.err
+    assert f"run/{link}: a symbolic link leads out of the run folder (to {outside})" in out.err
+    assert "remove the link" in out.err
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before, "nothing was written"
+
+
 def test_the_private_ray_environment_is_restored_on_exit(monkeypatch):
     from ray_saturn.runtime.emulation import private_ray_environment
 

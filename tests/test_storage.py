@@ -127,6 +127,12 @@ def test_writes_do_not_follow_links_out_of_the_run_folder(tmp_path):
     (run / "tasks" / "c").symlink_to(run / "tasks" / "a")
     assert store.task_dir("c") == str(run / "tasks" / "c")
     store.write_json("tasks/c/step.json", {"step": 1})
+    # Workers open a task's checkpoints/ (emulated/) directly: a link there out of the run folder is refused too.
+    (run / "tasks" / "a" / "checkpoints").symlink_to(outside)
+    with pytest.raises(StorageError, match=f"tasks/a/checkpoints: {out} \\(to {outside}\\)"):
+        store.task_dir("a")
+    with pytest.raises(StorageError, match=f"tasks/c/checkpoints: {out}"):
+        store.task_dir("c")
 
 
 def test_uris_keep_their_options_and_hide_secrets():

@@ -177,13 +177,16 @@ def resume(
     if done is not None:  # before the lock, the workload check and any cluster: nothing is left to run
         logger.warning("%s: the run already finished; nothing to resume", store.display)
         return done
+    # Refusals before taking the lock touch nothing (taking a dead run's lock and releasing it would hide
+    # from the next resume whose it was), and come before any cluster: a damaged profile, a task folder
+    # linked out of the run folder (the driver opens them as it starts), an untrusted workload file.
+    profile = journal.read_profile()
+    for name in profile.tasks:
+        store.task_dir(name)
     if settings.mode == "train" and tasks is None and workload is None:
-        # Refuse an untrusted workload file before taking the lock: a refusal touches nothing (taking a
-        # dead run's lock and releasing it would hide from the next resume whose it was).
         _check_recorded_workload(journal, settings)
     with RunLease(store, command="resume", run_name=settings.name).held() as lease:
         state = _resume_state(journal, settings, lease)
-        profile = journal.read_profile()
         task_map: dict[str, Task] | None = None
         if settings.mode == "train":
             if tasks is None:

@@ -352,7 +352,7 @@ class RunStorage:
         if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
             raise StorageError(
                 f"{self.display}/{name}: a symbolic link leads out of the run folder (to {real}); ray_saturn "
-                "writes only inside the run folder: remove the link"
+                "reads and writes only inside the run folder: remove the link"
             )
         return target
 
@@ -361,9 +361,19 @@ class RunStorage:
         return child_uri(self.uri, *parts) if parts else self.uri
 
     def task_dir(self, task: str) -> str:
-        """The folder (local path or URI) of one task: Ray Train's run and its checkpoints."""
+        """The folder (local path or URI) of one task: Ray Train's run and its checkpoints.
+
+        Workers and launchers open it (and its ``checkpoints/``) directly, so a symbolic link out of the
+        run folder, in its place or among its entries, is a one-line :class:`StorageError` here.
+        """
         name = check_name(task)
-        self._inside(f"{TASKS_DIR}/{name}")  # workers write there: a link out of the folder is refused
+        folder = f"{TASKS_DIR}/{name}"
+        self._inside(folder)
+        if self.local:
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                for entry in os.scandir(self.join(folder)):
+                    if entry.is_symlink():
+                        self._inside(f"{folder}/{entry.name}")
         return self.uri_of(TASKS_DIR, name)
 
     def ray_storage(self, *parts: str) -> tuple[str, pafs.FileSystem]:
