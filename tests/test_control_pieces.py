@@ -218,6 +218,9 @@ def test_controller_raises_gpus_idle_once_per_idle_stretch(policy):
     assert len(ctl.replans) == 2 and "idle on" in ctl.replans[-1].reasons[0]
     assert [(a.kind, a.task) for a in actions] == [("stop", "long"), ("launch", "long")]
     assert len(actions[1].placement.nodes) == 2 and actions[1].steps_done == 200
+    # The move filled the idle node in the same call: it is no longer "seen idle", so when it falls
+    # idle again it raises GpusIdle again (it stayed marked, and silent, until 2026-12-07).
+    assert ctl._idle_seen == set()
     # The same idle stretch does not raise it again, and a finished run raises nothing.
     ctl.handle(Tick(time_s=201.0))
     assert len([e for e in ctl.log if e.get("kind") == "gpus_idle"]) == 1

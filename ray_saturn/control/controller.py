@@ -503,6 +503,7 @@ class Controller:
         if self._pending:
             actions.extend(self._replan_if_due(now))
             actions.extend(self._dispatch(now))
+            self._idle_seen &= self._idle_nodes()  # nodes those launches filled may fall idle again
         return actions
 
     # ------------------------------------------------------------ internals
@@ -524,14 +525,19 @@ class Controller:
         reasons, self._pending = [r for r, _ in self._pending], []
         return self._replan(now, reasons)
 
+    def _idle_nodes(self, free: Mapping[str, int] | None = None) -> set[str]:
+        """Nodes with free GPUs that no queued task is planned on."""
+        free = self.free_gpus() if free is None else free
+        planned_on = {
+            n for t, e in self.planned.items() if self.tasks[t].state is TaskState.QUEUED for n in e.placement.nodes
+        }
+        return {n for n, g in free.items() if g > 0 and n not in planned_on}
+
     def _idle_events(self, now: float) -> list[GpusIdle]:
         """One :class:`GpusIdle` per node whose free GPUs newly have no planned queued task,
         while a running task has at least the restart cost left (else nothing could gain)."""
         free = self.free_gpus()
-        planned_on = {
-            n for t, e in self.planned.items() if self.tasks[t].state is TaskState.QUEUED for n in e.placement.nodes
-        }
-        idle = {n for n, g in free.items() if g > 0 and n not in planned_on}
+        idle = self._idle_nodes(free)
         self._idle_seen &= idle  # a node that filled up (or got planned work) may fall idle again
         fresh = sorted(idle - self._idle_seen)
         if not fresh:
