@@ -36,6 +36,8 @@ __all__ = [
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=@,-]*$")
 _MAX_NAME = 128
 _TYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+#: The keys a node of a cluster JSON file may carry (``ClusterSpec.to_dict`` writes these).
+_NODE_KEYS = ("name", "gpus", "gpu_type", "node_id")
 #: Ray's resource-name prefix and node label for a node's accelerator type.
 ACCELERATOR_RESOURCE_PREFIX = "accelerator_type:"
 ACCELERATOR_LABEL = "ray.io/accelerator-type"
@@ -162,6 +164,10 @@ class ClusterSpec:
         for i, entry in enumerate(data["nodes"]):
             if not isinstance(entry, Mapping) or "name" not in entry or "gpus" not in entry:
                 raise SpecError(f'cluster node #{i} must be an object with "name" and "gpus"')
+            unknown = [str(k) for k in entry if k not in _NODE_KEYS]
+            if unknown:  # a misspelt "gpu_type" would silently leave the node untyped
+                raise SpecError(f"cluster node #{i} ({entry['name']!r}) has unknown key(s) {', '.join(unknown)}; "
+                                f"a node takes {', '.join(_NODE_KEYS)}")
             nodes.append(NodeSpec(entry["name"], entry["gpus"], entry.get("node_id"), entry.get("gpu_type")))
         return cls(tuple(nodes))
 

@@ -88,3 +88,14 @@ def test_cluster_inputs_of_the_wrong_kind_are_one_line(tmp_path):
     deep.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(SpecError, match=r"deep\.json: the JSON is nested too deeply"):
         ClusterSpec.from_json(deep)
+
+
+def test_a_misspelt_node_key_is_refused_not_dropped(tmp_path):
+    """A typo such as "gpu-type" left the node untyped without a word; now it is one line naming the key."""
+    f = tmp_path / "c.json"
+    f.write_text('{"nodes": [{"name": "a", "gpus": 4, "gpu-type": "A100"}]}')
+    with pytest.raises(SpecError, match=r"c\.json: cluster node #0 \('a'\) has unknown key\(s\) gpu-type; "
+                       "a node takes name, gpus, gpu_type, node_id"):
+        ClusterSpec.from_json(f)
+    typed = ClusterSpec.from_dict({"nodes": [{"name": "a", "gpus": 4, "gpu_type": "A100", "node_id": "ab"}]})
+    assert ClusterSpec.from_dict(typed.to_dict()) == typed and typed.nodes[0].gpu_type == "A100"
