@@ -94,7 +94,12 @@ class Assignment:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Assignment:
+        if not isinstance(data, Mapping):
+            raise PlanError(f"malformed assignment {data!r}: an assignment is an object "
+                            '{"task": ..., "strategy": ..., "gpus": ..., "nodes": [...], "start_s": ..., "end_s": ...}')
         try:
+            if isinstance(data.get("nodes"), (str, bytes)):  # "node-0" would read as six one-letter nodes
+                raise TypeError(f"nodes is {data['nodes']!r}; give a list of node names")
             return cls(
                 task=str(data["task"]),
                 strategy=str(data["strategy"]),
@@ -106,7 +111,9 @@ class Assignment:
                 devices=_devices(data.get("devices")),
                 gpu_type=None if data.get("gpu_type") is None else str(data["gpu_type"]),
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except KeyError as exc:
+            raise PlanError(f"malformed assignment {dict(data)!r}: {exc} is missing") from None
+        except (TypeError, ValueError, AttributeError) as exc:
             raise PlanError(f"malformed assignment {dict(data)!r}: {exc}") from None
 
 
@@ -182,9 +189,9 @@ class Plan:
             raise PlanError("the plan's assignments must be a list")
         return cls(
             policy=str(data["policy"]),
-            makespan_s=float(data["makespan_s"]),
-            lower_bound_s=float(data["lower_bound_s"]),
-            solve_time_s=float(data.get("solve_time_s", 0.0)),
+            makespan_s=_plan_float(data["makespan_s"], "makespan_s"),
+            lower_bound_s=_plan_float(data["lower_bound_s"], "lower_bound_s"),
+            solve_time_s=_plan_float(data.get("solve_time_s", 0.0), "solve_time_s"),
             status=str(data["status"]),
             assignments=[Assignment.from_dict(a) for a in data["assignments"]],
             objective=str(data.get("objective", "makespan")),
@@ -194,10 +201,14 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise PlanError(f"the plan is a {type(text).__name__}; give its JSON text (Plan.from_dict takes a dict)")
         try:
             data = json.loads(text)
         except ValueError as exc:
             raise PlanError(f"the plan is not valid JSON ({exc})") from None
+        except RecursionError:
+            raise PlanError("the plan's JSON is nested too deeply; a plan is one JSON object") from None
         return cls.from_dict(data)
 
     def validate(
@@ -242,6 +253,13 @@ def _devices(value: Any) -> dict[str, tuple[tuple[int, float], ...]] | None:
             pairs.append((int(d), float(share)))
         out[str(node)] = tuple(pairs)
     return out
+
+
+def _plan_float(value: Any, what: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise PlanError(f"the plan's {what} is {value!r}; give a number of seconds") from None
 
 
 def _opt_float(value: Any) -> float | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -133,6 +134,33 @@ def test_malformed_plan_json():
         Plan.from_json("{}")
     with pytest.raises(PlanError, match="malformed assignment"):
         Plan.from_json('{"policy":"x","makespan_s":1,"lower_bound_s":0,"status":"feasible","assignments":[{}]}')
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"makespan_s": "abc"}, "the plan's makespan_s is 'abc'; give a number of seconds"),
+        ({"lower_bound_s": None}, "the plan's lower_bound_s is None"),
+        ({"solve_time_s": [1]}, "the plan's solve_time_s is [1]"),
+        ({"assignments": [5]}, "malformed assignment 5: an assignment is an object"),
+        ({"assignments": [{"task": "a"}]}, "'strategy' is missing"),
+        ({"assignments": [{"task": "a", "strategy": "ddp", "gpus": 1, "nodes": "node-0", "start_s": 0, "end_s": 1}]},
+         "nodes is 'node-0'; give a list of node names"),
+    ],
+)
+def test_malformed_plan_fields_are_plan_errors(change, message):
+    """A plan read back with a field of the wrong kind: a PlanError naming it, not a ValueError or TypeError
+    (and a node name given as a string no longer reads as one node per letter)."""
+    data = {"policy": "x", "makespan_s": 1, "lower_bound_s": 1, "status": "feasible", "assignments": [], **change}
+    with pytest.raises(PlanError, match=re.escape(message)):
+        Plan.from_json(json.dumps(data))
+
+
+def test_plan_from_json_of_the_wrong_kind_is_a_plan_error():
+    with pytest.raises(PlanError, match="the plan is a NoneType; give its JSON text"):
+        Plan.from_json(None)
+    with pytest.raises(PlanError, match="nested too deeply"):
+        Plan.from_json("[" * 100_000 + "]" * 100_000)
 
 
 def test_solve_refuses_a_policy_whose_plan_breaks_the_rules(small_profile):
