@@ -202,6 +202,8 @@ class ProfileTable:
                                f"{getattr(exc, 'strerror', None) or exc}); give the path of a .csv or .parquet file"
                                .splitlines()[0]) from None
         if not found:
+            if p.is_dir():
+                raise ProfileError(f"{p}: is a folder; give the path of a .csv or .parquet profile file")
             raise ProfileError(f"{p}: no such profile file")
         suffix = p.suffix.lower()
         try:

@@ -89,6 +89,11 @@ def test_emulate_json_contract_and_status(tmp_path):
         (["status", "{missing}"], "no such run folder"),
         (["resume", "{missing}"], "no such run folder"),
         (["run", "{missing}", "--run-dir", "{missing}"], "no such workload file"),
+        # a file where a run folder belongs, a folder where a profile belongs: said as such, not "no such"
+        (["status", "{p}"], "p.csv: is a file, not a run folder; give the folder the run was started in"),
+        (["resume", "{p}"], "p.csv: is a file, not a run folder"),
+        (["emulate", "{tmp}", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "1"],
+         "is a folder; give the path of a .csv or .parquet profile file"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path, capsys, monkeypatch, args, message):
@@ -105,7 +110,7 @@ def test_bad_input_is_one_line(tmp_path, capsys, monkeypatch, args, message):
     wide = tmp_path / "wide.csv"
     wide.write_text("task,strategy,gpus,step_time_s,steps\na,ddp,4,1.0,10\n")
     missing = str(tmp_path / "nope")
-    argv = [a.format(p=prof, missing=missing, big=big, wide=wide) for a in args]
+    argv = [a.format(p=prof, missing=missing, big=big, wide=wide, tmp=tmp_path) for a in args]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err

@@ -83,6 +83,22 @@ def test_a_folder_that_cannot_be_created_is_one_line(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "cannot create the folder" in err, err
 
 
+def test_a_file_where_the_run_folder_belongs_is_said_as_such(tmp_path, capsys):
+    """It read 'no such run folder' (status, resume) or an errno text without a fix (run, emulate)."""
+    from ray_saturn.cli import main
+
+    f = tmp_path / "p.csv"
+    f.write_text("task,strategy,gpus,step_time_s,steps\na,single,1,1.0,10\n")
+    with pytest.raises(StorageError, match=r"p\.csv: is a file, not a run folder; give a folder for the run"):
+        RunStorage(f)
+    with pytest.raises(StorageError, match=r"p\.csv: is a file, not a run folder; give the folder the run was"):
+        RunStorage(f, create=False)
+    assert main(["emulate", str(f), "--nodes", "1", "--gpus-per-node", "1", "--time-scale", "0.01",
+                 "--storage", str(f)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a file, not a run folder" in err, err
+
+
 def test_paths_stay_inside(tmp_path):
     store = RunStorage(tmp_path)
     for part in ("..", "../x", "a/../../x", "", "a//b", "/abs"):

@@ -262,6 +262,10 @@ class RunStorage:
         self._appended: dict[str, bytes] = {}
         # First a quick look with few retries, so a wrong endpoint or missing credentials fail in seconds.
         info = self._call("read", lambda: _fail_fast(self.fs).get_file_info(self.path))
+        if info.type == pafs.FileType.File:
+            raise StorageError(f"{self.display}: is a file, not a run folder; give "
+                               + ("a folder for the run (a new or an empty one)" if create
+                                  else "the folder the run was started in"))
         if create:
             try:
                 self._call("create the folder", lambda: self.fs.create_dir(self.path, recursive=True))
