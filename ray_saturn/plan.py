@@ -23,7 +23,7 @@ from typing import Any
 
 from ray_saturn.context import PlanningContext
 from ray_saturn.devices import check_devices, simultaneous
-from ray_saturn.errors import PlanError, ProfileError
+from ray_saturn.errors import PlanError, ProfileError, SpecError
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.spec import ClusterSpec
 
@@ -296,6 +296,15 @@ only on nodes of that type; the makespan is the last end; the lower bound is not
     the makespan; and, with a context, release times, node availability and
     running tasks are respected.
     """
+    for name, value, kind, hint in (
+        ("plan", plan, Plan, "Plan.from_json(text) reads one"),
+        ("profile", profile, ProfileTable, "ProfileTable.read(path) reads one"),
+        ("cluster", cluster, ClusterSpec, "ClusterSpec.uniform(nodes, gpus_per_node) or ClusterSpec.from_json(path)"),
+    ):
+        if not isinstance(value, kind):
+            raise SpecError(f"validate_plan: {name} is a {type(value).__name__}; give a {kind.__name__} ({hint})")
+    if context is not None and not isinstance(context, PlanningContext):
+        raise SpecError(f"validate_plan: context is a {type(context).__name__}; give a PlanningContext or None")
     ctx = context or PlanningContext()
     if plan.status not in STATUSES:
         raise PlanError(f"plan status {plan.status!r} must be one of {', '.join(STATUSES)}")

@@ -188,3 +188,18 @@ def test_json_never_puts_the_bound_above_the_makespan_by_rounding():
     plan = Plan("saturn", 1.76171875, 1.76171875, 0.1, "optimal", [a])
     back = Plan.from_dict(json.loads(plan.to_json()))
     assert back.lower_bound_s <= back.makespan_s == plan.makespan_s
+
+
+def test_validate_plan_arguments_of_the_wrong_kind_are_one_line(small_profile):
+    """They were AttributeErrors from inside the checker ('str' object has no attribute 'status')."""
+    from ray_saturn import SpecError
+
+    plan = solve(small_profile, CLUSTER, "fifo-min-gpus")
+    with pytest.raises(SpecError, match=r"validate_plan: plan is a str; give a Plan \(Plan.from_json"):
+        validate_plan("plan.json", small_profile, CLUSTER)
+    with pytest.raises(SpecError, match=r"validate_plan: profile is a str; give a ProfileTable"):
+        plan.validate("profile.csv", CLUSTER)
+    with pytest.raises(SpecError, match=r"validate_plan: cluster is a NoneType; give a ClusterSpec"):
+        validate_plan(plan, small_profile, None)
+    with pytest.raises(SpecError, match=r"validate_plan: context is a int; give a PlanningContext or None"):
+        validate_plan(plan, small_profile, CLUSTER, 5)
