@@ -341,6 +341,8 @@ class Task:
 
 
 def check_unique_names(tasks: Iterable[Task]) -> list[Task]:
+    if isinstance(tasks, (str, bytes, Mapping, Task)) or not isinstance(tasks, Iterable):
+        raise SpecError(f"tasks is a {type(tasks).__name__}; give a list of ray_saturn.Task")
     tasks = list(tasks)
     seen: set[str] = set()
     for t in tasks:

@@ -99,3 +99,17 @@ def test_a_misspelt_node_key_is_refused_not_dropped(tmp_path):
         ClusterSpec.from_json(f)
     typed = ClusterSpec.from_dict({"nodes": [{"name": "a", "gpus": 4, "gpu_type": "A100", "node_id": "ab"}]})
     assert ClusterSpec.from_dict(typed.to_dict()) == typed and typed.nodes[0].gpu_type == "A100"
+
+
+@pytest.mark.parametrize("bad, kind", [(5, "int"), ("a", "str"), ({"a": 1}, "dict"), (None, "NoneType")])
+def test_run_tasks_and_storage_of_the_wrong_kind_are_one_line(tmp_path, bad, kind):
+    """ray_saturn.run(5, ...) and run_status(None) were TypeErrors from inside; checked before Ray or any folder."""
+    import ray_saturn
+    from ray_saturn.runtime.storage import StorageError
+
+    with pytest.raises(SpecError, match=f"tasks is a {kind}; give a list of ray_saturn.Task"):
+        ray_saturn.run(bad, ClusterSpec.uniform(1, 1), storage=str(tmp_path / "r"))
+    assert not (tmp_path / "r").exists()
+    if not isinstance(bad, str):
+        with pytest.raises(StorageError, match=f"the run folder is a {kind}; give a local path or a URI"):
+            ray_saturn.run_status(bad)

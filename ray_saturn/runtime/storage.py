@@ -250,6 +250,9 @@ class RunStorage:
     """
 
     def __init__(self, root: str | os.PathLike[str], *, create: bool = True) -> None:
+        if not isinstance(root, (str, os.PathLike)):
+            raise StorageError(f"the run folder is a {type(root).__name__}; give a local path or a URI such as "
+                               "s3://bucket/run")
         root = os.fspath(root)
         if not root or not root.strip():
             raise StorageError("the run folder is empty; give a local path or a URI such as s3://bucket/run")
