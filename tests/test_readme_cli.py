@@ -70,3 +70,16 @@ def test_subcommands_named_in_the_readme_exist():
 
     named = set(re.findall(r"`ray-saturn ([a-z-]+)`", (ROOT / "README.md").read_text()))
     assert named and named <= set(SUBCOMMANDS), named - set(SUBCOMMANDS)
+
+
+def test_every_option_of_every_subcommand_says_what_it_does():
+    """--seed of plan, simulate and emulate had no help at all; plan's --policy listed saturn twice."""
+    import argparse
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    silent = [f"{name} {x.option_strings or x.dest}" for name, p in sub.choices.items() for x in p._actions
+              if not x.help]
+    assert not silent, silent
+    policy = next(x for x in sub.choices["plan"]._actions if "--policy" in x.option_strings)
+    assert policy.help.count("saturn") == 1, policy.help

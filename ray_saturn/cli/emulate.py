@@ -82,7 +82,8 @@ def add_parser(sub) -> None:
         metavar="F",
         help="relative noise on true step times (0.3: 30%%), seeded",
     )
-    p.add_argument("--seed", type=seed(), default=0)
+    p.add_argument("--seed", type=seed(), default=0,
+                   help="seed of the step-time noise, poisson arrivals and the solver (0)")
     p.add_argument(
         "--policy",
         default=defaults.POLICY,

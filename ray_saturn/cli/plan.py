@@ -48,10 +48,13 @@ def add_parser(sub) -> None:
     p.add_argument("--example", action="store_true", help="plan the shipped example profile (24 jobs, Pollux traces)")
     add_cluster_args(p)
     p.add_argument("--policy", default=defaults.PLAN_POLICY,
-                   help=f"{defaults.PLAN_POLICY} (default) or a baseline: " + ", ".join(policy_names()))
+                   help=f"{defaults.PLAN_POLICY} (default) or a baseline: "
+                   + ", ".join(n for n in policy_names() if n != defaults.PLAN_POLICY))
     p.add_argument("--time-limit", type=seconds("--time-limit"), default=defaults.PLAN_TIME_LIMIT_S, metavar="S",
                    help=f"solver time limit in seconds ({defaults.PLAN_TIME_LIMIT_S:g})")
-    p.add_argument("--seed", type=seed(), default=0)
+    p.add_argument("--seed", type=seed(), default=0,
+                   help="seed of the saturn search and the random baseline (0); the same seed with --deterministic "
+                   "gives the same plan")
     p.add_argument("--deterministic", action="store_true",
                    help="count the saturn search in work, not seconds: the same plan for the same seed on any machine")
     p.add_argument("--objective", default="makespan", choices=OBJECTIVES,

@@ -67,7 +67,8 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--noise", type=fraction("--noise", high=MAX_NOISE), default=0.2,
                    help="relative spread of true step times (0.2)")
-    p.add_argument("--seed", type=seed(), default=0)
+    p.add_argument("--seed", type=seed(), default=0,
+                   help="seed of the true step times (--noise), poisson arrivals, random failures and the solver (0)")
     add_arrival_options(p)
     p.add_argument(
         "--restart-cost",
