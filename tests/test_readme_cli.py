@@ -83,3 +83,11 @@ def test_every_option_of_every_subcommand_says_what_it_does():
     assert not silent, silent
     policy = next(x for x in sub.choices["plan"]._actions if "--policy" in x.option_strings)
     assert policy.help.count("saturn") == 1, policy.help
+
+
+def test_profile_and_run_name_their_workload_file_alike():
+    """README writes `ray-saturn profile WORKLOAD.py`; the usage line said `tasks` (and run's `workload`)."""
+    parser = build_parser()
+    for cmd in ("profile", "run"):
+        usage = parser._subparsers._group_actions[0].choices[cmd].format_usage()
+        assert usage.rstrip().endswith("WORKLOAD"), usage

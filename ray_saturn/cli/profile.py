@@ -1,6 +1,6 @@
-"""``ray-saturn profile TASKS.py``: measure tasks on Ray and write a profile table (contract 1).
+"""``ray-saturn profile WORKLOAD.py``: measure tasks on Ray and write a profile table (contract 1).
 
-TASKS.py is a Python file defining ``tasks``: a list of ray_saturn.Task, or
+WORKLOAD.py is a Python file defining ``tasks`` (the same file ``ray-saturn run`` takes): a list of ray_saturn.Task, or
 a function returning one. Connects to a running Ray cluster (``--address``,
 default: the one in RAY_ADDRESS or a local one) or, with ``--num-gpus N``,
 starts a local Ray of N GPUs (without CUDA, N logical GPUs capped at the
@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
         "profile", help="measure tasks on Ray into a profile table", description=__doc__
     )
     p.add_argument(
-        "tasks", help="Python file defining `tasks` (a list of Task or a function returning one)"
+        "tasks", metavar="WORKLOAD", help="Python file defining `tasks` (a list of Task or a function returning one)"
     )
     p.add_argument(
         "-o",

@@ -30,7 +30,7 @@ def add_storage_option(p, *, required: bool, help: str = STORAGE_HELP) -> None:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("run", help="profile, plan and train a workload", description=__doc__)
-    p.add_argument("workload", help="Python file defining `tasks`")
+    p.add_argument("workload", metavar="WORKLOAD", help="Python file defining `tasks`")
     add_storage_option(p, required=True)
     p.add_argument("--profile", metavar="FILE", help="use this profile instead of profiling")
     p.add_argument("--policy", default=defaults.POLICY, help=f"re-planning policy ({defaults.POLICY})")
