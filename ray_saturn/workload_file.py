@@ -129,6 +129,16 @@ def load_workload(path: str | os.PathLike[str]) -> list[Task]:
     if isinstance(tasks, (str, bytes)) or not hasattr(tasks, "__iter__"):
         raise SpecError(f"{path}: `tasks` is a {type(tasks).__name__}; make it a list of ray_saturn.Task")
     try:
-        return check_unique_names(tasks)
+        tasks = check_unique_names(tasks)
     except SpecError as exc:
         raise SpecError(f"{path}: {exc}") from None
+    from ray_saturn.strategies.base import StrategyError
+    from ray_saturn.strategies.registry import get_strategy
+
+    for t in tasks:  # a task's own strategies, registered by now (the file may register its own): before Ray
+        for s in t.strategies or ():
+            try:
+                get_strategy(s)
+            except StrategyError as exc:
+                raise SpecError(f"{path}: task {t.name!r}: {exc}") from None
+    return tasks

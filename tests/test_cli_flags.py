@@ -60,6 +60,9 @@ def no_ray(monkeypatch):
         (["profile", "{w}", "-o", "{tmp}/p.csv", "--strategies", "nosuch"], "nosuch"),
         (["profile", "{tmp}/three.py", "-o", "{tmp}/p.csv"], "`tasks` is a int; make it a list"),
         (["profile", "{tmp}/none.py", "-o", "{tmp}/p.csv"], "no such workload file"),
+        (["profile", "{tmp}/nope.py", "-o", "{tmp}/p.csv", "--num-gpus", "1"],
+         "nope.py: task 'm': strategy 'nope' is not registered (registered: "),
+        (["run", "{tmp}/nope.py", "--storage", "{tmp}/r", "--num-gpus", "1"], "task 'm': strategy 'nope' is not"),
         (["demo", "--scale", "inf"], "argument --scale: 'inf' is not a finite number > 0 (factor)"),
         (["demo", "--scale", "0"], "argument --scale: '0'"),
         (["demo", "--gpus", "0"], "argument --gpus: '0' is not a whole number from 1 to 1024"),
@@ -69,6 +72,10 @@ def no_ray(monkeypatch):
 def test_bad_input_is_one_line_before_ray_starts(tmp_path, capsys, no_ray, args, message):
     (tmp_path / "w.py").write_text(WORKLOAD)
     (tmp_path / "three.py").write_text("tasks = 3\n")
+    (tmp_path / "nope.py").write_text(
+        "from dataclasses import replace\nfrom ray_saturn.toy import mlp_task\n"
+        "tasks = [replace(mlp_task('m'), strategies=('nope',))]\n"
+    )
     (tmp_path / "nan.json").write_text('{"nodes": [{"name": "a", "gpus": NaN}]}')
     head = "task,strategy,gpus,step_time_s,steps\n"
     (tmp_path / "bad.csv").write_text(head + "m,ddp,abc,1.0,10\n")
