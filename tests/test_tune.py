@@ -716,6 +716,13 @@ def test_bad_arguments_are_one_line_errors():
         SaturnScheduler(estimate, policy="nope")
     with pytest.raises(TuneIntegrationError, match="estimate must be a function"):
         SaturnScheduler([1, 2])
+    # were accepted, and failed later inside Tune's loop
+    with pytest.raises(TuneIntegrationError, match="base_scheduler is a str; give a Tune scheduler such as ASHA"):
+        SaturnScheduler(estimate, base_scheduler="asha")
+    with pytest.raises(TuneIntegrationError, match="a SaturnScheduler cannot wrap another"):
+        SaturnScheduler(estimate, base_scheduler=SaturnScheduler(estimate))
+    with pytest.raises(TuneIntegrationError, match="cluster is a tuple; give a ClusterSpec"):
+        SaturnScheduler(estimate, cluster=(1, 4))
     with pytest.raises(TrialTrainingError, match="no ray_saturn decision"):
         trial_decision({"lr": 0.1})
 

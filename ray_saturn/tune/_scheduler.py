@@ -290,6 +290,15 @@ class SaturnScheduler(TrialScheduler):
             raise TuneIntegrationError(f"cpus_per_trial is {cpus_per_trial!r}; it must be >= 0")
         if not (isinstance(solver_time_limit_s, int | float) and solver_time_limit_s > 0):
             raise TuneIntegrationError(f"solver_time_limit_s is {solver_time_limit_s!r}; it must be > 0")
+        if base_scheduler is not None and (not isinstance(base_scheduler, TrialScheduler)
+                                           or isinstance(base_scheduler, SaturnScheduler)):
+            raise TuneIntegrationError(
+                f"base_scheduler is a {type(base_scheduler).__name__}; give a Tune scheduler such as "
+                "ASHAScheduler() (a SaturnScheduler cannot wrap another), or None"
+            )
+        if cluster is not None and not isinstance(cluster, ClusterSpec):
+            raise TuneIntegrationError(f"cluster is a {type(cluster).__name__}; give a ClusterSpec "
+                                       "(ClusterSpec.uniform(nodes, gpus_per_node)) or None for Ray's own")
         if start_order not in START_ORDERS:
             raise TuneIntegrationError(f"start_order is {start_order!r}; choose one of: {', '.join(START_ORDERS)}")
         try:
