@@ -178,3 +178,19 @@ def test_profile_round_trip_through_cli(capsys, tmp_path, small_profile):
     )
     assert code == 0
     assert ProfileTable.read(pq).tasks == [a["task"] for a in json.loads(out)["assignments"]]
+
+
+def test_version_and_python_dash_m(capsys, profile_csv):
+    """`ray-saturn --version` said "the following arguments are required: COMMAND", and `python -m
+    ray_saturn.cli` had no __main__ (for machines or jobs without the console script on PATH)."""
+    import ray_saturn
+
+    code, out, _err = run_cli(capsys, "--version")
+    assert code == 0 and out.strip() == f"ray-saturn {ray_saturn.__version__}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ray_saturn.cli", "plan", profile_csv, "--nodes", "2", "--gpus-per-node", "2",
+         "--json", "--time-limit", "1"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["assignments"]

@@ -14,6 +14,7 @@ import importlib
 import logging
 import sys
 
+from ray_saturn import __version__
 from ray_saturn.cli.args import OneLineParser, json_only_on_stdout
 from ray_saturn.errors import SaturnError
 
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         "GPU count and start time jointly.",
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    parser.add_argument("--version", action="version", version=f"ray-saturn {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in SUBCOMMANDS:
