@@ -40,7 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # said by the subcommand's parser, which names its own --help (the top one named its)
+            sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # --help (0) or a bad flag (2, one line already on stderr)
         return exc.code if isinstance(exc.code, int) else 2
     logging.basicConfig(
