@@ -31,7 +31,8 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import numbers
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ray_saturn.errors import SpecError
@@ -67,6 +68,8 @@ class RunningTask:
     devices: Mapping[str, tuple[tuple[int, float], ...]] | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.nodes, (str, bytes)):  # "node-0" would read as six one-letter nodes
+            raise SpecError(f"running task {self.task!r}: nodes is {self.nodes!r}; give a tuple of node names")
         object.__setattr__(self, "nodes", tuple(self.nodes))
         if not self.nodes or len(set(self.nodes)) != len(self.nodes):
             raise SpecError(f"running task {self.task!r}: nodes must be distinct and non-empty")
@@ -129,10 +132,20 @@ class PlanningContext:
     area_share: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if isinstance(self.running, (str, bytes, Mapping, RunningTask)) or not isinstance(self.running, Iterable):
+            raise SpecError(f"running is a {type(self.running).__name__}; give a tuple of RunningTask")
         object.__setattr__(self, "running", tuple(self.running))
-        object.__setattr__(self, "release_s", dict(self.release_s))
-        object.__setattr__(self, "node_available_s", dict(self.node_available_s))
-        object.__setattr__(self, "area_share", dict(self.area_share))
+        for r in self.running:
+            if not isinstance(r, RunningTask):
+                raise SpecError(f"running holds a {type(r).__name__}; give RunningTask(task, strategy, gpus, nodes)")
+        for what in ("release_s", "node_available_s", "area_share"):
+            mapping = getattr(self, what)
+            if not isinstance(mapping, Mapping):
+                raise SpecError(f"{what} is a {type(mapping).__name__}; give a dict of name -> number")
+            for key, value in mapping.items():
+                if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                    raise SpecError(f"{what}[{key!r}] is {value!r}; give a number")
+            object.__setattr__(self, what, dict(mapping))
         for key, value in self.area_share.items():
             if not math.isfinite(value) or not 0 <= value <= 1:
                 raise SpecError(f"area_share[{key!r}] is {value}; give a share from 0 to 1")

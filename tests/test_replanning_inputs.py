@@ -218,3 +218,20 @@ def test_a_replan_is_never_predicted_worse_than_carrying_on():
         blind = solve(prof, cluster, quick, time_limit_s=0.01, seed=2)
         worse_without += blind.makespan_s > good.makespan_s + 1e-6
     assert worse_without > 0  # the incumbent is what kept the quick re-solves from doing worse
+
+
+def test_planning_context_inputs_of_the_wrong_kind_are_one_line():
+    """They were TypeErrors from inside (math.isfinite of a str, iterating an int), or, for nodes given as one
+    string, a task on one node per letter."""
+    from ray_saturn import PlanningContext, RunningTask, SpecError
+
+    with pytest.raises(SpecError, match="running is a int; give a tuple of RunningTask"):
+        PlanningContext(running=5)
+    with pytest.raises(SpecError, match="running holds a str; give RunningTask"):
+        PlanningContext(running=["a"])
+    with pytest.raises(SpecError, match=r"release_s\['a'\] is '5'; give a number"):
+        PlanningContext(release_s={"a": "5"})
+    with pytest.raises(SpecError, match="node_available_s is a list; give a dict"):
+        PlanningContext(node_available_s=[1.0])
+    with pytest.raises(SpecError, match="running task 'a': nodes is 'node-0'; give a tuple of node names"):
+        RunningTask("a", "ddp", 6, "node-0")
