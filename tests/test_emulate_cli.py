@@ -86,6 +86,12 @@ def test_emulate_json_contract_and_status(tmp_path):
          "argument --gpu-types: entry 2 is 'b 2'; use letters"),
         (["emulate", "{p}", "--nodes", "2", "--gpus-per-node", "2", "--time-scale", "1", "--gpu-types", "a1,,a1"],
          "3 GPU type(s) for 2 emulated node(s)"),
+        # online (auto with arrivals) or completion on shares: refused before a cluster starts or a policy runs
+        (["emulate", "{shares}", "--nodes", "1", "--gpus-per-node", "1", "--time-scale", "1", "--arrivals",
+          "poisson:10"], "--objective auto picks online as tasks arrive over time, but objective 'online' does not"),
+        (["simulate", "{shares}", "--nodes", "1", "--gpus-per-node", "1", "--objective", "completion"],
+         "objective 'completion' does not yet plan shares of one GPU (gpus < 1) or GPU types (gpu_type), which this "
+         "profile has; give --objective makespan"),
         (["status", "{missing}"], "no such run folder"),
         (["resume", "{missing}"], "no such run folder"),
         (["run", "{missing}", "--run-dir", "{missing}"], "no such workload file"),
@@ -110,7 +116,9 @@ def test_bad_input_is_one_line(tmp_path, capsys, monkeypatch, args, message):
     wide = tmp_path / "wide.csv"
     wide.write_text("task,strategy,gpus,step_time_s,steps\na,ddp,4,1.0,10\n")
     missing = str(tmp_path / "nope")
-    argv = [a.format(p=prof, missing=missing, big=big, wide=wide, tmp=tmp_path) for a in args]
+    shares = tmp_path / "shares.csv"
+    shares.write_text("task,strategy,gpus,step_time_s,steps\na,single,1/2,1.0,10\nb,single,1,1.0,10\n")
+    argv = [a.format(p=prof, missing=missing, big=big, wide=wide, tmp=tmp_path, shares=shares) for a in args]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
-from ray_saturn.errors import SaturnError
+from ray_saturn.errors import SaturnError, SpecError
 from ray_saturn.limits import MAX_SEED, number, whole
 
 __all__ = [
@@ -194,11 +194,21 @@ def add_arrival_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def chosen_objective(objective: str, arrivals: dict[str, float]) -> str:
-    """``--objective``'s value, ``auto`` resolved: makespan when every task arrives at 0, else online."""
-    if objective != "auto":
-        return objective
-    return "makespan" if all(a <= 0 for a in arrivals.values()) else "online"
+def chosen_objective(objective: str, arrivals: dict[str, float], profile=None) -> str:
+    """``--objective``'s value, ``auto`` resolved: makespan when every task arrives at 0, else online.
+
+    With ``profile``: an objective other than makespan on a profile with shares of one GPU or GPU
+    types, which only makespan plans yet, is refused here, before any policy or cluster runs, saying
+    which flag to give.
+    """
+    chosen = objective
+    if objective == "auto":
+        chosen = "makespan" if all(a <= 0 for a in arrivals.values()) else "online"
+    if chosen != "makespan" and profile is not None and (profile.has_shares or profile.gpu_types):
+        why = "--objective auto picks online as tasks arrive over time, but " if objective == "auto" else ""
+        raise SpecError(f"{why}objective {chosen!r} does not yet plan shares of one GPU (gpus < 1) or GPU "
+                        "types (gpu_type), which this profile has; give --objective makespan")
+    return chosen
 
 
 def add_local_gpus_option(p: argparse.ArgumentParser, *, what: str) -> None:

@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     profile.check_feasible()
     arrivals = parse_arrivals(args.arrivals, profile, seed=args.seed)
     batch = all(a <= 0 for a in arrivals.values())
-    cfg = replace(cfg, objective=chosen_objective(args.objective, arrivals))
+    cfg = replace(cfg, objective=chosen_objective(args.objective, arrivals, profile))
     from ray_saturn.runtime.emulation import check_emulated_types
     from ray_saturn.spec import NodeSpec
 

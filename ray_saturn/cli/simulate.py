@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     profile = ProfileTable.read(args.profile)
     arrivals = parse_arrivals(args.arrivals, profile, seed=args.seed)
     failures = parse_failures(args.failures, cluster) if args.failures else []
-    objective = chosen_objective(args.objective, arrivals)
+    objective = chosen_objective(args.objective, arrivals, profile)
     base = SimConfig(
         noise=args.noise,
         seed=args.seed,
