@@ -492,9 +492,12 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
                            "keep one column of each name")
     missing = [c for c in REQUIRED if c not in cols]
     if missing:
+        near = [c for c in table.column_names if c.strip().lower() in missing]  # " task", "Steps"
         raise ProfileError(
             f"{source}: missing column(s) {', '.join(missing)}; a profile needs "
             f"{', '.join(REQUIRED)} (optional: nodes, feasible, peak_mem_gb, {', '.join(COST_COLUMNS)})"
+            + (f"; the header has {', '.join(repr(c) for c in near)}: write each name exactly, in lower case "
+               "and without spaces" if near else "")
         )
     if table.num_rows == 0:
         raise ProfileError(f"{source}: the profile has no rows")

@@ -184,3 +184,12 @@ def test_strategy_names_elsewhere_are_matched_in_any_case_too():
 
     with pytest.raises(StrategyError, match="name it in lower case: name = 'shouting'"):
         register(Shouting)
+
+
+def test_a_header_name_off_by_case_or_spaces_is_pointed_at(tmp_path):
+    """'task, strategy' (a space after each comma) or 'Task' said only that task was missing."""
+    f = tmp_path / "p.csv"
+    f.write_text("Task, strategy,gpus,step_time_s,steps\na,ddp,1,1.0,10\n")
+    with pytest.raises(ProfileError, match=r"missing column\(s\) task, strategy; .*; the header has 'Task', "
+                       r"' strategy': write each name exactly, in lower case and without spaces"):
+        ProfileTable.read(f)
