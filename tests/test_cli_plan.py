@@ -196,3 +196,16 @@ def test_version_and_python_dash_m(capsys, profile_csv):
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["assignments"]
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(profile_csv):
+    """`ray-saturn plan ... | head -1` ended in a BrokenPipeError traceback; now quietly, as after SIGPIPE."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ray_saturn.cli", "plan", profile_csv, "--nodes", "2", "--gpus-per-node", "2",
+         "--time-limit", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    proc.stdout.close()  # the reader is gone before the first line is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err

@@ -9,9 +9,11 @@ one-line message on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import logging
+import os
 import sys
 
 from ray_saturn import __version__
@@ -53,7 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         with json_only_on_stdout(bool(getattr(args, "json", False))):
-            return int(args.func(args) or 0)
+            code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, where a reader that went away is caught, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # The reader of stdout went away (`ray-saturn status DIR --json | head`): end quietly, as a
+        # command killed by SIGPIPE does, and keep Python from failing again when it flushes at exit.
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13
     except SaturnError as exc:
         print(f"ray-saturn {args.command}: error: {exc}", file=sys.stderr)
         return 2
