@@ -115,6 +115,12 @@ def test_example_profile_plans(capsys):
         (["plan", "PROFILE", "--cluster", "INFCLUSTER"], "node 'a' gpus is inf; give a whole number from 1 to 1024"),
         (["plan", "PROFILE", "--cluster", "NANCLUSTER"], "node 'a' gpus is nan; give a whole number"),
         (["plan", "--nodes", "2", "--gpus-per-node", "2"], "give a PROFILE file or --example"),
+        (["plan", "PROFILE", "--example", "--nodes", "2", "--gpus-per-node", "2"], "give a PROFILE file or --example"),
+        (["simulate", "--nodes", "2", "--gpus-per-node", "2"], "give a PROFILE file or --example"),
+        (["simulate", "PROFILE", "--example", "--nodes", "2", "--gpus-per-node", "2"],
+         "give a PROFILE file or --example"),
+        (["emulate", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "0.001"],
+         "give a PROFILE file or --example"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, profile_csv, args, message):
@@ -209,3 +215,12 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(profile_csv):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, err
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_simulate_takes_the_shipped_example_profile(capsys):
+    """`simulate --example`, as `plan --example`: a new user has a profile to try without writing one."""
+    code, out, err = run_cli(capsys, "simulate", "--example", "--nodes", "4", "--gpus-per-node", "4",
+                             "--policies", "fifo-whole-node", "--json")
+    assert code == 0, err
+    result = json.loads(out)["policies"]["fifo-whole-node"]
+    assert result["makespan_s"] > 0 and result["mean_completion_s"] > 0

@@ -194,6 +194,27 @@ def add_arrival_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def example_profile_path() -> str:
+    """The shipped example profile: 24 jobs from the Pollux traces (``--example``)."""
+    from importlib.resources import files
+
+    return str(files("ray_saturn") / "examples_data" / "model_selection_profile.csv")
+
+
+def add_profile_argument(p: argparse.ArgumentParser, *, verb: str) -> None:
+    """PROFILE, or ``--example`` for the shipped example profile (one of them)."""
+    p.add_argument("profile", nargs="?", help="profile table (.csv or .parquet), see the README for its columns")
+    p.add_argument("--example", action="store_true",
+                   help=f"{verb} the shipped example profile (24 jobs, Pollux traces) instead of a PROFILE file")
+
+
+def profile_path(args: argparse.Namespace) -> str:
+    """The profile file ``add_profile_argument``'s options name; a one-line error unless exactly one is given."""
+    if args.example == bool(args.profile):
+        raise SpecError("give a PROFILE file or --example (one of them)")
+    return args.profile or example_profile_path()
+
+
 def chosen_objective(objective: str, arrivals: dict[str, float], profile=None) -> str:
     """``--objective``'s value, ``auto`` resolved: makespan when every task arrives at 0, else online.
 

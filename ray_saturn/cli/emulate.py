@@ -16,7 +16,17 @@ import json
 from dataclasses import replace
 
 from ray_saturn import defaults
-from ray_saturn.cli.args import add_arrival_options, chosen_objective, count, fraction, json_stream, seconds, seed
+from ray_saturn.cli.args import (
+    add_arrival_options,
+    add_profile_argument,
+    chosen_objective,
+    count,
+    fraction,
+    json_stream,
+    profile_path,
+    seconds,
+    seed,
+)
 from ray_saturn.cli.run import add_storage_option
 from ray_saturn.limits import MAX_GPUS_PER_NODE, MAX_NOISE
 from ray_saturn.profile_table import ProfileTable
@@ -63,7 +73,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "emulate", help="run the runtime on emulated tasks on a local cluster", description=__doc__
     )
-    p.add_argument("profile", help="profile table (.csv or .parquet)")
+    add_profile_argument(p, verb="emulate")
     p.add_argument("--nodes", type=count("--nodes", high=MAX_EMULATED_NODES), required=True,
                    help=f"emulated nodes (one raylet each on this machine; at most {MAX_EMULATED_NODES})")
     p.add_argument("--gpus-per-node", type=count("--gpus-per-node", high=MAX_GPUS_PER_NODE), required=True,
@@ -122,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = emulation_config(
         args.time_scale, policy=args.policy, seed=args.seed, solver_time_limit_s=args.solver_time_limit
     )
-    profile = ProfileTable.read(args.profile)
+    profile = ProfileTable.read(profile_path(args))
     profile.check_feasible()
     arrivals = parse_arrivals(args.arrivals, profile, seed=args.seed)
     batch = all(a <= 0 for a in arrivals.values())

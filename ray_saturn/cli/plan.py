@@ -7,7 +7,16 @@ import os
 import sys
 
 from ray_saturn import defaults
-from ray_saturn.cli.args import count, json_stream, output_file, seconds, seed, write_text
+from ray_saturn.cli.args import (
+    add_profile_argument,
+    count,
+    json_stream,
+    output_file,
+    profile_path,
+    seconds,
+    seed,
+    write_text,
+)
 from ray_saturn.errors import SpecError
 from ray_saturn.limits import MAX_GPUS_PER_NODE, MAX_NODES
 from ray_saturn.plan import Plan
@@ -36,16 +45,9 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
     return ClusterSpec.uniform(args.nodes, args.gpus_per_node)
 
 
-def example_profile_path() -> str:
-    from importlib.resources import files
-
-    return str(files("ray_saturn") / "examples_data" / "model_selection_profile.csv")
-
-
 def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="solve a profile table into a plan", description=__doc__)
-    p.add_argument("profile", nargs="?", help="profile table (.csv or .parquet), see the README for its columns")
-    p.add_argument("--example", action="store_true", help="plan the shipped example profile (24 jobs, Pollux traces)")
+    add_profile_argument(p, verb="plan")
     add_cluster_args(p)
     p.add_argument("--policy", default=defaults.PLAN_POLICY,
                    help=f"{defaults.PLAN_POLICY} (default) or a baseline: "
@@ -69,8 +71,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cluster = cluster_from_args(args)
-    if args.example == bool(args.profile):
-        raise SpecError("give a PROFILE file or --example (one of them)")
+    path = profile_path(args)
     if args.deterministic and args.policy != "saturn":
         raise SpecError("--deterministic applies to the saturn policy only (the baselines are deterministic)")
     get_policy(args.policy)  # an unknown name is refused before the profile is read
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
                 raise SpecError(f"--output {args.output} is the {flag} file the plan is made from; writing the plan "
                                 "there would overwrite it: give another file, e.g. plan.json")
     policy = get_policy("saturn", deterministic=True, objective=args.objective) if args.deterministic else args.policy
-    profile = ProfileTable.read(args.profile or example_profile_path())
+    profile = ProfileTable.read(path)
     plan = solve(profile, cluster, policy, time_limit_s=args.time_limit, seed=args.seed, objective=args.objective)
     if args.output:
         write_text(args.output, plan.to_json(indent=2), "--output")

@@ -16,11 +16,13 @@ import sys
 from ray_saturn import defaults
 from ray_saturn.cli.args import (
     add_arrival_options,
+    add_profile_argument,
     chosen_objective,
     count,
     fraction,
     json_stream,
     output_file,
+    profile_path,
     seconds,
     seed,
 )
@@ -58,7 +60,7 @@ def add_parser(sub) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("profile", help="profile table (.csv or .parquet)")
+    add_profile_argument(p, verb="simulate")
     add_cluster_args(p)
     p.add_argument(
         "--policies",
@@ -138,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         from ray_saturn.sim.plot import check_plot_path
 
         check_plot_path(args.plot)  # before minutes of simulation, not after
-    profile = ProfileTable.read(args.profile)
+    profile = ProfileTable.read(profile_path(args))
     arrivals = parse_arrivals(args.arrivals, profile, seed=args.seed)
     failures = parse_failures(args.failures, cluster) if args.failures else []
     objective = chosen_objective(args.objective, arrivals, profile)
