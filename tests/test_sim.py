@@ -438,3 +438,31 @@ def test_periodic_replans_stop_ticking_while_every_queued_task_waits_for_a_node(
                     deterministic=True)
     with pytest.raises(SaturnError, match="task\\(s\\) big unfinished; they waited for nodes that failed"):
         simulate(prof, cluster, "saturn-periodic", cfg)
+
+
+@pytest.mark.parametrize("scale,unit,label", [(0.01, "s", "seconds"), (1.0, "min", "minutes"), (100.0, "h", "hours")])
+def test_plot_axis_unit_follows_the_run_length_and_titles_count_in_words(tmp_path, monkeypatch, scale, unit, label):
+    """A 100 s run is drawn in seconds, not as '0.03 h'; '1 plan', not '1 plans'."""
+    from matplotlib.figure import Figure
+
+    from ray_saturn.sim.plot import plot_results, time_unit
+
+    assert time_unit(119) == (1.0, "s") and time_unit(120) == (60.0, "min") and time_unit(7200) == (3600.0, "h")
+    profile = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 1, "step_time_s": scale, "steps": 3000},
+                                      {"task": "b", "strategy": "ddp", "gpus": 1, "step_time_s": scale, "steps": 2000}])
+    cluster = ClusterSpec.uniform(1, 2)
+    results = compare(profile, cluster, ["saturn-static"], SimConfig(noise=0.0))
+    seen = {}
+
+    def keep(self, *a, **k):
+        seen["xlabel"] = self.axes[-1].get_xlabel()
+        seen["titles"] = [ax.get_title() for ax in self.axes]
+        seen["legend"] = [t.get_text() for t in self.axes[0].get_legend().get_texts()]
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    plot_results(results, tmp_path / "p.png", cluster=cluster)
+    r = results["saturn-static"]
+    assert seen["xlabel"] == label
+    assert f"makespan {r.makespan_s / time_unit(r.makespan_s)[0]:.2f} {unit}" in seen["titles"][1]
+    assert seen["titles"][1].endswith(f"{r.moves} move{'' if r.moves == 1 else 's'}, 1 plan"), seen["titles"]
+    assert seen["legend"][0].endswith(f" {unit})")

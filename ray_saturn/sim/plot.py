@@ -58,6 +58,20 @@ def check_plot_path(path: str | os.PathLike[str]) -> str:
     return text
 
 
+def time_unit(horizon_s: float) -> tuple[float, str]:
+    """(seconds per unit, unit name) for a time axis ending at ``horizon_s``: seconds for runs under
+    2 minutes, minutes under 2 hours, else hours."""
+    if horizon_s < 120:
+        return 1.0, "s"
+    if horizon_s < 7200:
+        return 60.0, "min"
+    return 3600.0, "h"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def plot_results(
     results: Mapping[str, SimResult],
     path: str | os.PathLike[str],
@@ -83,24 +97,26 @@ def plot_results(
         gridspec_kw={"height_ratios": [1.2] + [2] * len(names)},
     )
     ax = axes[0][0]
+    horizon_s = max(r.makespan_s for r in results.values())
+    per, unit = time_unit(horizon_s)
     for name in names:
         r = results[name]
         cap = _step_lookup(r.capacity)
         xs, ys = [], []
         for (t, busy), (t2, _) in zip(r.usage, [*r.usage[1:], (r.makespan_s, 0)], strict=True):
             c = cap(t) or 1
-            xs += [t / 3600, max(t, t2) / 3600]
+            xs += [t / per, max(t, t2) / per]
             ys += [busy / c, busy / c]
-        ax.plot(xs, ys, label=f"{name} ({r.makespan_s / 3600:.2f} h)", lw=1)
+        ax.plot(xs, ys, label=f"{name} ({r.makespan_s / per:.2f} {unit})", lw=1)
     ax.set_ylabel("GPU utilisation")
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=7, ncol=3, loc="lower left")
     ax.set_title("GPU utilisation over time")
-    horizon = max(r.makespan_s for r in results.values()) / 3600
+    horizon = horizon_s / per
     for i, name in enumerate(names, start=1):
-        _gantt(axes[i][0], results[name], cluster, max_gantt_rows)
+        _gantt(axes[i][0], results[name], cluster, max_gantt_rows, per, unit)
         axes[i][0].set_xlim(0, horizon * 1.01)
-    axes[-1][0].set_xlabel("hours")
+    axes[-1][0].set_xlabel({"s": "seconds", "min": "minutes", "h": "hours"}[unit])
     ax.set_xlim(0, horizon * 1.01)
     fig.tight_layout()
     try:
@@ -125,7 +141,7 @@ def _step_lookup(steps):
     return at
 
 
-def _gantt(ax, r: SimResult, cluster: ClusterSpec | None, max_rows: int) -> None:
+def _gantt(ax, r: SimResult, cluster: ClusterSpec | None, max_rows: int, per: float, unit: str) -> None:
     nodes: dict[str, int] = {}
     if cluster is not None:
         nodes = {n.name: n.gpus for n in cluster.nodes}
@@ -145,7 +161,7 @@ def _gantt(ax, r: SimResult, cluster: ClusterSpec | None, max_rows: int) -> None
     cmap = _colours(len(r.tasks))
     colour = {rec.task: cmap[i % len(cmap)] for i, rec in enumerate(r.tasks)}
     for s, task in segs:
-        start, end = s.start_s / 3600, (s.end_s or s.start_s) / 3600
+        start, end = s.start_s / per, (s.end_s or s.start_s) / per
         q = max(1, int(s.gpus) // len(s.nodes))
         devices = s.placement.device_map() or {}
         for n in s.nodes:
@@ -159,11 +175,12 @@ def _gantt(ax, r: SimResult, cluster: ClusterSpec | None, max_rows: int) -> None
                 ax.broken_barh([(start, end - start)], (row, height), color=colour[task], lw=0)
                 if s.setup_s:
                     ax.broken_barh(
-                        [(start, s.setup_s / 3600)], (row, 0.9), facecolor="none", edgecolor="k", hatch="///", lw=0
+                        [(start, s.setup_s / per)], (row, 0.9), facecolor="none", edgecolor="k", hatch="///", lw=0
                     )
     ax.set_ylim(0, max(y, 1))
     ax.set_ylabel("GPU" if per_gpu else "node")
-    ax.set_title(f"{r.policy}: makespan {r.makespan_s / 3600:.2f} h, {r.moves} moves, {r.replans} plans", fontsize=9)
+    ax.set_title(f"{r.policy}: makespan {r.makespan_s / per:.2f} {unit}, {_plural(r.moves, 'move')}, "
+                 f"{_plural(r.replans, 'plan')}", fontsize=9)
     ax.set_yticks([])
 
 
