@@ -261,8 +261,14 @@ def test_status_of_a_run_folder_of_garbage_is_one_line_exit_2(tmp_path, capsys):
     assert out.out == "" and out.err.count("\n") == 1, out.err
     assert out.err.startswith("ray-saturn status: error: ") and "state.json.bak is not valid JSON" in out.err
     assert "profile.parquet is damaged" in out.err and "put back a good state.json" in out.err
-    # A readable backup is still a fallback, and exit 0.
+    assert "and " + str(tmp_path / RUN_FILE) + " is not valid JSON" in out.err
+    # A readable backup is still a fallback: shown, but the damaged run.json (resume needs it) is exit 2.
     Journal(RunStorage(tmp_path)).storage.write_json(STATE_BACKUP_FILE, state())
+    assert main(["status", str(tmp_path)]) == 2
+    out = capsys.readouterr()
+    assert "showing state.json.bak" in out.out and "run.json is not valid JSON" in out.err
+    # ... and with a good run.json, exit 0.
+    RunStorage(tmp_path).write_json(RUN_FILE, RunSettings(name="r", mode="emulate").to_dict())
     assert main(["status", str(tmp_path)]) == 0
     assert "showing state.json.bak" in capsys.readouterr().out
 
@@ -515,6 +521,46 @@ def test_a_misshapen_run_json_is_one_line(tmp_path):
     with pytest.raises(StorageError, match="is not the settings of a run") as err:
         resume(tmp_path)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("damage", "what"), [
+    (b"[]", "it holds a JSON list, not an object of run settings"),
+    (b"{}", "it has no name or mode"),
+    (b"garbage{{", "is not valid JSON"),
+    (b'{"name": 5, "mode": "emulate"}', "run name 5 must be"),
+    (b'{"name": "r", "mode": "emulate", "driver": []}', "driver is a JSON list, not an object"),
+    (b'{"name": "r", "mode": "emulate", "driver": {"objective": 5}}', "objective is 5; choose one of"),
+    (b'{"name": "r", "mode": "emulate", "arrivals": 5}', "arrivals is 5; give an object"),
+    (b'{"name": "r", "mode": "emulate", "report_interval_s": "x"}', "report_interval_s is 'x'"),
+])
+def test_status_and_resume_of_a_damaged_run_json_are_one_line_exit_2(tmp_path, capsys, monkeypatch, damage, what):
+    """status showed the run and exited 0 (an empty table when no state was written), while resume said
+    'RunSettings.__init__() missing 2 required positional arguments' or started a driver that died."""
+    no_cluster(monkeypatch)
+    store = emulated_folder(tmp_path)
+    (tmp_path / "run" / RUN_FILE).write_bytes(damage)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
+    for command in ("status", "resume"):
+        assert main([command, store.uri]) == 2, command
+        out = capsys.readouterr()
+        assert out.err.startswith(f"ray-saturn {command}: error: ") and out.err.count("\n") == 1, out.err
+        assert f"run/{RUN_FILE}" in out.err and what in out.err, out.err
+        assert f"put back the {RUN_FILE} the run started with" in out.err, out.err
+        assert "Traceback" not in out.err and "__init__" not in out.err and "positional" not in out.err
+        if command == "status":  # what the state shows is still shown, with how to resume once mended
+            assert "once run.json is mended" in out.out and "5/10" in out.out, out.out
+    assert main(["status", "--json", store.uri]) == 2
+    out = capsys.readouterr()
+    assert what in json.loads(out.out)["settings_problem"] and out.err.count("\n") == 1
+    got = run_status(store.uri)
+    assert got["tasks"]["a"]["steps_done"] == 5 and what in got["settings_problem"]
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == before, "nothing was written"
+    # Nothing else to show (no state written yet): status is the one-line error, not an empty status.
+    (tmp_path / "run" / STATE_FILE).unlink()
+    (tmp_path / "run" / STATE_BACKUP_FILE).unlink(missing_ok=True)
+    assert main(["status", store.uri]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1 and what in out.err, out
 
 
 # ---------------------------------------------------------------- emulate

@@ -6,7 +6,9 @@ seen says for how long, and that ``ray-saturn resume STORAGE`` continues it.
 A damaged ``state.json`` falls back to its backup, and a missing one to what
 the events show; the status says which it shows. With nothing readable (the
 state files damaged and nothing rebuilt from the events) and no live driver,
-it ends with one line naming the damaged files, and exit code 2.
+it ends with one line naming the damaged files, and exit code 2. So does a
+damaged run.json (the run's settings, which resume needs), after what the
+state files show.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 from ray_saturn.cli.args import json_stream
 from ray_saturn.runtime.api import run_status
 from ray_saturn.runtime.records import RunOutcome
+from ray_saturn.runtime.storage import StorageError
 
 
 def add_parser(sub) -> None:
@@ -38,7 +41,14 @@ def run(args: argparse.Namespace) -> int:
     state = run_status(args.storage)
     if args.json:
         print(json.dumps(state), file=json_stream())
-        return 0
+    else:
+        _print(state)
+    if state.get("settings_problem"):
+        raise StorageError(state["settings_problem"])
+    return 0
+
+
+def _print(state: dict) -> None:
     tasks = state.get("tasks", {})
     w = max([4] + [len(t) for t in tasks])
     print(state["driver"]["note"])
@@ -68,4 +78,3 @@ def run(args: argparse.Namespace) -> int:
         if t["state"] == "failed" and t.get("reason"):
             line += f"  reason: {t['reason']}"
         print(line)
-    return 0

@@ -204,17 +204,7 @@ def resume(
 
 
 def _read_settings(journal: Journal) -> RunSettings:
-    if not journal.has_settings():
-        raise StorageError(f"{journal.storage.display}: no ray_saturn run here (no {RUN_FILE}); give the folder "
-                           "a run was started in")
-    raw = journal.read_settings()
-    try:
-        return RunSettings.from_dict(raw)
-    except SaturnError as exc:
-        raise StorageError(f"{journal.storage.display}/{RUN_FILE}: {exc}") from None
-    except (TypeError, ValueError, KeyError, AttributeError) as exc:
-        raise StorageError(f"{journal.storage.display}/{RUN_FILE} is not the settings of a run ({type(exc).__name__}: "
-                           f"{exc})".splitlines()[0]) from None
+    return journal.load_settings()
 
 
 def _finished_result(journal: Journal) -> DriverResult | None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ray_saturn import defaults
@@ -152,6 +152,12 @@ class RunSettings:
         number(self.time_scale, "time scale (wall seconds per profile second)", low=0, low_open=True,
                error=SaturnError)
         number(self.noise, "noise (relative spread of true step times)", low=0, high=MAX_NOISE, error=SaturnError)
+        number(self.report_interval_s, "report_interval_s", low=0, low_open=True, error=SaturnError)
+        number(self.cpus_per_worker, "cpus_per_worker", low=0, error=SaturnError)
+        if not isinstance(self.arrivals, Mapping):
+            raise SaturnError(f"arrivals is {self.arrivals!r}; give an object of task name -> arrival (s)")
+        for task, at in self.arrivals.items():
+            number(at, f"arrivals[{task!r}]", error=SaturnError)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -160,6 +166,26 @@ class RunSettings:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RunSettings:
-        d = dict(d)
-        d["driver"] = DriverConfig(**d.get("driver", {}))
-        return cls(**d)
+        """The settings ``to_dict`` wrote; a one-line :class:`SaturnError` saying what is wrong otherwise."""
+        if not isinstance(d, Mapping):
+            raise SaturnError(f"it holds a JSON {_json_kind(d)}, not an object of run settings")
+        missing = [n for n in ("name", "mode") if n not in d]
+        if missing:
+            raise SaturnError(f"it has no {' or '.join(missing)} (an object of run settings has both)")
+        _check_fields(d, cls, "field")
+        driver = d.get("driver", {})
+        if not isinstance(driver, Mapping):
+            raise SaturnError(f"driver is a JSON {_json_kind(driver)}, not an object of driver settings")
+        _check_fields(driver, DriverConfig, "driver field")
+        return cls(**{**d, "driver": DriverConfig(**driver)})
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {list: "list", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _check_fields(d: Mapping[str, Any], cls: type, what: str) -> None:
+    unknown = sorted(str(k) for k in d if k not in {f.name for f in fields(cls)})
+    if unknown:
+        raise SaturnError(f"unknown {what}(s) {', '.join(unknown[:5])}")

@@ -40,11 +40,14 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray_saturn.plan import Plan
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.runtime.storage import CHECKPOINTS_DIR, TASKS_DIR, RunStorage, StorageError
+
+if TYPE_CHECKING:
+    from ray_saturn.runtime.config import RunSettings
 
 __all__ = [
     "CHECKPOINTS_DIR",
@@ -241,6 +244,30 @@ class Journal:
 
     def read_settings(self) -> dict[str, Any]:
         return self.storage.read_json(RUN_FILE)
+
+    def load_settings(self) -> RunSettings:
+        """The run's settings from ``run.json``: a one-line :class:`StorageError` naming the file, what is
+        wrong and how to recover when it is missing or damaged (nothing is written either way)."""
+        from ray_saturn.errors import SaturnError
+        from ray_saturn.runtime.config import RunSettings
+
+        where = self.storage.display
+        path = f"{where}/{RUN_FILE}"
+        if not self.has_settings():
+            raise StorageError(f"{where}: no ray_saturn run here (no {RUN_FILE}); give the folder a run was started in")
+        recover = (f"put back the {RUN_FILE} the run started with (or mend it), or start the run again "
+                   "in a new folder; nothing in the run folder was changed")
+        try:
+            raw = self.storage.read_json(RUN_FILE)
+        except StorageError as exc:
+            raise StorageError(f"{exc}; {recover}".replace(f"{where}: {RUN_FILE}", path, 1)) from None
+        try:
+            return RunSettings.from_dict(raw)
+        except SaturnError as exc:
+            what = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            what = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        raise StorageError(f"{path} is not the settings of a run: {what}; {recover}")
 
     # ------------------------------------------------------------ profile
     def write_profile(self, profile: ProfileTable) -> None:

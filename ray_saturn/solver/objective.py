@@ -71,6 +71,8 @@ def is_background(share: float | None, least_area_gpu_s: float, total_gpus: floa
 
 def parse_objective(name: str | None) -> str:
     """The objective's canonical name; a one-line error naming the choices otherwise."""
+    if name is not None and not isinstance(name, str):
+        raise SpecError(f"objective is {name!r}; choose one of: {', '.join(OBJECTIVES)}")
     value = (name or "makespan").strip().lower()
     if value not in OBJECTIVES:
         raise SpecError(f"unknown objective {name!r}; choose one of: {', '.join(OBJECTIVES)}")
