@@ -25,6 +25,10 @@ startup_s      float >= 0  optional: a segment's launch to its first step
 checkpoint_save_s  float   optional, >= 0: one checkpoint save, default 0
 checkpoint_load_s  float   optional, >= 0: loading the checkpoint when a
                            segment resumes (after a move or a failure), default 0
+weight         float > 0   optional: the task's relative weight for the
+                           completion objective, default 1
+arrival_s      float >= 0  optional: the task's arrival time (``--arrivals profile``)
+reason         string      optional: why a row is infeasible
 =============  ==========  ==================================================
 
 A configuration runs ``startup_s + steps x step_time_s`` (:attr:`Config.runtime_s`);
@@ -74,7 +78,7 @@ from ray_saturn.limits import (
 )
 from ray_saturn.spec import canonical_strategy, check_gpu_type, check_name
 
-__all__ = ["COLUMNS", "COST_COLUMNS", "Config", "ProfileTable"]
+__all__ = ["COLUMNS", "COST_COLUMNS", "OPTIONAL_COLUMNS", "Config", "ProfileTable"]
 
 #: Column name -> Arrow type, in canonical order.
 COLUMNS: dict[str, pa.DataType] = {
@@ -92,6 +96,20 @@ SHARES = {2: 0.5, 4: 0.25, 8: 0.125}
 #: Optional per-segment costs (seconds, >= 0, default 0), kept in the canonical table when present.
 COST_COLUMNS = ("startup_s", "checkpoint_save_s", "checkpoint_load_s")
 REQUIRED = ("task", "strategy", "gpus", "step_time_s", "steps")
+#: Every optional column ray_saturn reads, and what it holds (any other column is kept as it is).
+OPTIONAL_COLUMNS: dict[str, str] = {
+    "nodes": "nodes the configuration spans (default 1)",
+    "feasible": "false: does not fit / failed (default true)",
+    "peak_mem_gb": "peak memory per GPU",
+    "gpu_type": "the GPU type the row was measured on (empty: any)",
+    "device_mem_gb": "the device's memory (a row whose copies exceed it is infeasible)",
+    "startup_s": "a segment's launch to its first step (default 0)",
+    "checkpoint_save_s": "one checkpoint save (default 0)",
+    "checkpoint_load_s": "loading the checkpoint when a segment resumes (default 0)",
+    "weight": "the task's relative weight for --objective completion (default 1)",
+    "arrival_s": "the task's arrival time, for --arrivals profile",
+    "reason": "why a row is infeasible",
+}
 _TRUE = {"true", "1", "yes", "t", "y"}
 _FALSE = {"false", "0", "no", "f", "n"}
 
@@ -495,7 +513,7 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
         near = [c for c in table.column_names if c.strip().lower() in missing]  # " task", "Steps"
         raise ProfileError(
             f"{source}: missing column(s) {', '.join(missing)}; a profile needs "
-            f"{', '.join(REQUIRED)} (optional: nodes, feasible, peak_mem_gb, {', '.join(COST_COLUMNS)})"
+            f"{', '.join(REQUIRED)} (optional: {', '.join(OPTIONAL_COLUMNS)})"
             + (f"; the header has {', '.join(repr(c) for c in near)}: write each name exactly, in lower case "
                "and without spaces" if near else "")
         )

@@ -193,3 +193,24 @@ def test_a_header_name_off_by_case_or_spaces_is_pointed_at(tmp_path):
     with pytest.raises(ProfileError, match=r"missing column\(s\) task, strategy; .*; the header has 'Task', "
                        r"' strategy': write each name exactly, in lower case and without spaces"):
         ProfileTable.read(f)
+
+
+def test_the_missing_column_error_lists_every_optional_column_the_reader_reads(tmp_path):
+    """It listed nodes, feasible, peak_mem_gb and the cost columns only: gpu_type, device_mem_gb, weight,
+    arrival_s and reason, which ray_saturn reads too, were not said."""
+    import inspect
+    import re
+
+    import ray_saturn.profile_table as pt
+    from ray_saturn.sim import workload
+    from ray_saturn.solver import objective
+
+    read = set(re.findall(r'data\["(\w+)"\]', inspect.getsource(pt._normalise))) | set(pt.COST_COLUMNS)
+    for module in (objective, workload):  # columns read from the table elsewhere (weight, arrival_s)
+        read |= set(re.findall(r'"(\w+)" (?:not )?in table\.column_names', inspect.getsource(module)))
+    assert {"gpu_type", "device_mem_gb", "weight", "arrival_s", "reason"} <= read
+    assert read - set(pt.REQUIRED) == set(pt.OPTIONAL_COLUMNS), "OPTIONAL_COLUMNS is every optional column read"
+    with pytest.raises(ProfileError) as err:
+        ProfileTable.read(write(tmp_path, "task,strategy,gpus,steps\na,ddp,1,3\n"))
+    optional = re.search(r"\(optional: ([^)]*)\)", str(err.value)).group(1).split(", ")
+    assert optional == list(pt.OPTIONAL_COLUMNS), str(err.value)
