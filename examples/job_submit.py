@@ -15,20 +15,20 @@ CNN models) is profiled, planned and trained with ``ray_saturn.run``.
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import ray
 
 import ray_saturn
 from ray_saturn import ClusterSpec, ProfileTable
+from ray_saturn.cli.args import OneLineParser, seconds
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plan-only", action="store_true", help="plan the shipped example profile, do not train")
     parser.add_argument("--storage", default="/tmp/ray-saturn-runs/job", help="run folder (train mode)")
-    parser.add_argument("--time-limit", type=float, default=10.0, help="solver time limit (s)")
+    parser.add_argument("--time-limit", type=seconds("--time-limit"), default=10.0, help="solver time limit (s)")
     args = parser.parse_args()
     ray.init()  # inside `ray job submit`: joins the job's cluster
     cluster = ClusterSpec.from_ray()

@@ -16,7 +16,6 @@ free to pick ``ddp``. The GPT ties its output head to its embedding, which
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 from collections.abc import Mapping
@@ -26,6 +25,8 @@ import ray
 
 import ray_saturn
 from ray_saturn import ClusterSpec
+from ray_saturn.cli.args import OneLineParser, count, positive
+from ray_saturn.limits import MAX_GPUS_PER_NODE, MAX_STEPS
 from ray_saturn.workloads.text import TinyGPT, gpt_task, vocabulary
 
 WIDTH, DEPTH, HEADS, CONTEXT = 192, 6, 6, 64
@@ -60,11 +61,12 @@ def model_bytes() -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--local", action="store_true", help="start a local Ray with logical GPUs")
-    parser.add_argument("--gpus", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--memory-limit-gb", type=float, default=None,
+    parser.add_argument("--gpus", type=count("--gpus", high=MAX_GPUS_PER_NODE), default=4,
+                        help="logical GPUs of the local Ray (--local; 4)")
+    parser.add_argument("--steps", type=count("--steps", high=MAX_STEPS), default=200, help="steps per task (200)")
+    parser.add_argument("--memory-limit-gb", type=positive("--memory-limit-gb", "GB"), default=None,
                         help="per-GPU memory budget (default on GPUs: 80%% of what one unsharded worker needs; "
                              "with --local: none)")
     parser.add_argument("--plan-only", action="store_true")

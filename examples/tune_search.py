@@ -16,7 +16,6 @@ assumption until you feed rows from ``ray_saturn.profile``.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import time
@@ -26,6 +25,8 @@ import torch
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
+from ray_saturn.cli.args import OneLineParser, count
+from ray_saturn.limits import MAX_GPUS_PER_NODE
 from ray_saturn.tune import SaturnScheduler, saturn_trainable
 from ray_saturn.workloads.text import gpt_task
 
@@ -67,9 +68,10 @@ def estimate(config: dict, steps: int, max_gpus: int) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="6 trials, 30 steps each")
-    parser.add_argument("--gpus", type=int, default=4, help="logical GPUs when a local Ray is started (4)")
+    parser.add_argument("--gpus", type=count("--gpus", high=MAX_GPUS_PER_NODE), default=4,
+                        help="logical GPUs when a local Ray is started (4)")
     parser.add_argument("--storage", default=None, help="Tune storage path (default ~/ray_results)")
     parser.add_argument("--local", action="store_true", help="start a fresh local Ray even if a cluster is running")
     args = parser.parse_args()

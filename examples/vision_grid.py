@@ -6,21 +6,22 @@
 
 from __future__ import annotations
 
-import argparse
-
 import ray
 
 import ray_saturn
 from ray_saturn import ClusterSpec
+from ray_saturn.cli.args import OneLineParser, count
+from ray_saturn.limits import MAX_GPUS_PER_NODE, MAX_STEPS
 from ray_saturn.report import RunReport, gantt_png, render
 from ray_saturn.workloads.vision import cnn_task
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--local", action="store_true", help="start a local Ray with logical GPUs")
-    parser.add_argument("--gpus", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--gpus", type=count("--gpus", high=MAX_GPUS_PER_NODE), default=4,
+                        help="logical GPUs of the local Ray (--local; 4)")
+    parser.add_argument("--steps", type=count("--steps", high=MAX_STEPS), default=300, help="steps per task (300)")
     parser.add_argument("--plan-only", action="store_true")
     parser.add_argument("--storage", default="/tmp/ray-saturn-runs/vision-grid")
     args = parser.parse_args()
