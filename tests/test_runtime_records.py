@@ -94,6 +94,17 @@ def test_unknown_policy_is_refused_before_anything_starts(tmp_path):
         ray_saturn.emulate(_profile(), 1, 1, time_scale=0.01, policy="nope", storage=tmp_path / "e")
 
 
+@pytest.mark.parametrize("policy", ["nope", "saturn", 5, None])
+def test_a_driver_config_with_an_unknown_policy_is_refused_at_construction(policy):
+    """DriverConfig(policy="nope") was accepted; only run() refused it, later."""
+    with pytest.raises(SaturnError, match=r"unknown policy .*; choose from: saturn-static, saturn-replan") as err:
+        DriverConfig(policy=policy)
+    assert "\n" not in str(err.value) and "fifo-whole-node" in str(err.value)
+    with pytest.raises(SaturnError, match="unknown policy 'nope'"):
+        DriverConfig().with_policy("nope")
+    assert DriverConfig(policy="fifo-whole-node").policy == "fifo-whole-node"
+
+
 def test_a_config_policy_is_never_overwritten_by_a_default(tmp_path):
     from ray_saturn.toy import mlp_task
 

@@ -5,7 +5,7 @@ Defaults come from :mod:`ray_saturn.defaults`, the one place they are
 defined; :func:`emulation_config` gives the settings ``ray-saturn emulate``
 and :func:`ray_saturn.emulate` use (checkpoint and restart scaled to the
 time scale). :func:`check_policy` rejects an unknown policy name up front,
-before anything is profiled or started.
+before anything is profiled or started (``DriverConfig`` checks its own).
 
 Example:
     >>> DriverConfig().policy
@@ -30,9 +30,11 @@ __all__ = ["DriverConfig", "RunSettings", "check_policy", "emulation_config"]
 
 
 def check_policy(name: str) -> str:
-    """``name`` if it is a known re-planning policy, else a one-line :class:`SaturnError`."""
-    from ray_saturn.control.replan import get_replan_policy
+    """``name`` if it is a known re-planning policy, else a one-line :class:`SaturnError` naming the choices."""
+    from ray_saturn.control.replan import get_replan_policy, replan_policy_names
 
+    if not isinstance(name, str):
+        raise SaturnError(f"unknown policy {name!r}; choose from: {', '.join(replan_policy_names())}")
     get_replan_policy(name)
     return name
 
@@ -86,6 +88,7 @@ class DriverConfig:
     def __post_init__(self) -> None:
         from ray_saturn.solver.objective import parse_objective
 
+        check_policy(self.policy)  # here, not only when a run starts
         object.__setattr__(self, "objective", parse_objective(self.objective))
         for name in ("solver_time_limit_s", "checkpoint_interval_s", "poll_wall_s"):
             number(getattr(self, name), f"DriverConfig.{name}", low=0, low_open=True, error=SaturnError)
