@@ -22,8 +22,8 @@ The cluster is the Pollux one: 16 nodes x 4 GPUs. The project's policies run
 on ``ray_saturn.sim.simulate`` (no noise: the Pollux simulator has none
 either), one workload and policy per command, each result cached as JSON
 under ``--out``; ``--table`` prints the markdown table from the cache and the
-recorded Pollux-simulator figures (``pollux_baselines.json``, written by
-``--record-pollux DIR`` from that simulator's printed output). Each result
+recorded Pollux-simulator figures (``pollux_baselines.json``, to which
+``--record-pollux DIR`` adds that simulator's printed output). Each result
 also says where the GPU time went (:class:`Waste`: idle, set-up, and per app
 the GPU time beyond the least GPU-seconds of the work), to the last arrival
 and over the whole run: a makespan is the least work over the cluster plus
@@ -217,6 +217,18 @@ def record_pollux(run_dir: Path, root: Path = DEFAULT_ROOT) -> dict:
     return out
 
 
+def merged_baselines(recorded: dict, path: Path = BASELINES) -> dict:
+    """``recorded`` (from :func:`record_pollux`) over the figures already in ``path``: a run directory
+    with only some workloads or policies replaces those and keeps the rest."""
+    if not path.is_file():
+        return recorded
+    old = json.loads(path.read_text())
+    results = {k: dict(v) for k, v in old.get("results", {}).items()}
+    for k, by_policy in recorded["results"].items():
+        results.setdefault(k, {}).update(by_policy)
+    return {**recorded, "results": {k: dict(sorted(results[k].items())) for k in sorted(results, key=int)}}
+
+
 def table(out_dir: Path) -> str:
     base = json.loads(BASELINES.read_text())["results"] if BASELINES.is_file() else {}
     res: dict[str, dict[str, dict]] = {}
@@ -253,10 +265,11 @@ def main() -> int:
     ap.add_argument("--force", action="store_true", help="re-run cached results")
     ap.add_argument("--table", action="store_true", help="print the table from the cached results")
     ap.add_argument("--record-pollux", type=Path, metavar="DIR",
-                    help="write pollux_baselines.json from the Pollux simulator's saved output")
+                    help="record the Pollux simulator's saved output in pollux_baselines.json (the figures "
+                    "recorded before for other workloads or policies are kept)")
     args = ap.parse_args()
     if args.record_pollux:
-        BASELINES.write_text(json.dumps(record_pollux(args.record_pollux), indent=1) + "\n")
+        BASELINES.write_text(json.dumps(merged_baselines(record_pollux(args.record_pollux)), indent=1) + "\n")
         print(f"wrote {BASELINES}")
         return 0
     if args.table:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -48,3 +49,27 @@ def test_a_prefix_counts_the_steps_made_by_then():
     assert w.inefficiency_s["x"] == pytest.approx((220.0 - 20.0 - 100.0) / 4)
     assert w.work_s + w.idle_s + w.setup_s + sum(w.inefficiency_s.values()) == pytest.approx(110.0)
     assert w.to_dict()["inefficiency_s"] == {"x": 25.0, "y": 0.0}
+
+
+def test_recording_some_workloads_keeps_the_baselines_recorded_before(tmp_path):
+    root = tmp_path / "pollux"
+    (root / "workloads").mkdir(parents=True)
+    (root / "workloads" / "workload-8.csv").write_text(
+        "name,time,application,num_replicas,batch_size\nncf-0,10,ncf,1,256\ncifar10-1,50,cifar10,2,128\n")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "optimus-workload-8.txt").write_text(
+        "Completed jobs:\n{'ncf-0': 100, 'cifar10-1': 400}\nAverage JCT: 250\n")
+    recorded = ob.record_pollux(runs, root)
+    assert recorded["results"] == {"8": {"optimus": {"mean_jct_s": 250.0, "makespan_s": 450.0}}}
+    before = tmp_path / "baselines.json"
+    before.write_text(json.dumps({"results": {"1": {"tiresias": {"mean_jct_s": 1.0, "makespan_s": 2.0}},
+                                              "8": {"tiresias": {"mean_jct_s": 3.0, "makespan_s": 4.0},
+                                                    "optimus": {"mean_jct_s": 9.0, "makespan_s": 9.0}}}}))
+    merged = ob.merged_baselines(recorded, before)["results"]
+    assert merged == {"1": {"tiresias": {"mean_jct_s": 1.0, "makespan_s": 2.0}},
+                      "8": {"optimus": {"mean_jct_s": 250.0, "makespan_s": 450.0},
+                            "tiresias": {"mean_jct_s": 3.0, "makespan_s": 4.0}}}
+    (runs / "tiresias-workload-8.txt").write_text("{'ncf-0': 100}\nAverage JCT: 100\n")  # a run cut short
+    with pytest.raises(SystemExit, match="1 of 2 jobs completed"):
+        ob.record_pollux(runs, root)
