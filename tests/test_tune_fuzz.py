@@ -1,0 +1,97 @@
+"""The Tune integration's public interface under bad or unusual input: each case was a traceback, a
+crashed search, a hang or a silently wrong plan; now a one-line error (of that trial alone where the
+problem is one trial's) or the right result."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ray_saturn import ClusterSpec, ProfileTable
+from ray_saturn.tune import SaturnScheduler, TrialRejected, TrialTrainingError, trial_decision, trial_rows
+from ray_saturn.tune import _planner as planner_mod
+from tests.test_tune import Clock, FakeTrial, FakeTune  # the fake Tune around the scheduler
+
+
+@pytest.fixture
+def fake_tune(monkeypatch):
+    import ray_saturn.tune._scheduler as sched
+
+    monkeypatch.setattr(sched, "Trial", FakeTrial)
+    return FakeTune
+
+
+@pytest.fixture
+def no_background(monkeypatch):
+    """Only the hooks' cheap plans (deterministic): nothing is solved in the background."""
+    monkeypatch.setattr(planner_mod.BackgroundPlanner, "flush", lambda self: setattr(self, "_candidate", None))
+
+
+def row(**kw):
+    r = {"strategy": "single", "gpus": 1, "step_time_s": 1.0, "steps": 10}
+    r.update(kw)
+    return r
+
+
+# ------------------------------------------------------------ estimate rows
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        # were truncated (10.7 -> 10 steps, nodes 1.5 -> 1), read as 1 step (True) or nodes 0 as 1
+        (row(steps=10.7), "steps is 10.7; give a whole number"),
+        (row(steps=True), "steps is True; give a whole number"),
+        (row(nodes=1.5), "nodes is 1.5; give a whole number"),
+        (row(nodes=0), "nodes is 0; give a whole number"),
+        # was an OverflowError, reported as "the estimate raised OverflowError"
+        (row(steps=float("inf")), "steps is inf; give a whole number"),
+        (row(feasible=float("nan")), "feasible is nan; use true or false"),
+    ],
+)
+def test_rows_the_profile_table_would_refuse_are_refused_with_the_column(bad, why):
+    with pytest.raises(TrialRejected, match=why):
+        trial_rows([bad], max_gpus_per_node=4)
+
+
+def test_feasible_false_in_any_spelling_leaves_the_row_out():
+    # numpy's False (rows from pandas' to_dict("records")) and 0 were taken as feasible
+    for false in (np.bool_(False), 0, "no", "FALSE"):
+        rows = trial_rows([row(feasible=false, step_time_s=float("nan")), row(strategy="ddp", gpus=2)],
+                          max_gpus_per_node=4)
+        assert [(r.strategy, r.gpus) for r in rows.rows] == [("ddp", 2)], false
+        assert "single on 1 GPU(s): infeasible" in rows.left_out[0]
+
+
+def test_strategy_names_are_matched_as_in_a_profile_table():
+    # " DDP" was "not registered" here although a profile table (and run) takes it as ddp
+    rows = trial_rows([row(strategy=" DDP", gpus=2)], max_gpus_per_node=4)
+    assert rows.rows[0].strategy == "ddp"
+
+
+def test_rows_of_several_tasks_are_refused_not_merged_into_one_trial():
+    table = ProfileTable.from_rows([row(task="a"), row(task="b", strategy="ddp", gpus=2)])
+    # mappings and Config rows of two tasks were merged into one trial's rows (a ProfileTable was refused)
+    for raw in (table.to_arrow().to_pylist(), table.configs("a") + table.configs("b")):
+        with pytest.raises(TrialRejected, match=r"rows are of 2 tasks \(a, b\); return the rows of the one task"):
+            trial_rows(raw, max_gpus_per_node=4)
+    assert len(trial_rows(table.configs("a"), max_gpus_per_node=4).rows) == 1
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        ({"steps": 1e30}, "steps is 1e\\+30; give a whole number"),
+        ({"steps": 10**12, "step_time_s": 1e3}, "steps x step_time_s = .* beyond 1e\\+12 s"),
+    ],
+)
+def test_rows_the_controller_would_refuse_error_that_trial_not_the_search(fake_tune, no_background, bad, why):
+    # They passed the trial's check and then made the controller's profile table raise inside
+    # choose_trial_to_run: the whole search crashed (every trial of the batch with it).
+    s = SaturnScheduler(lambda c: [row(**c)], cluster=ClusterSpec.uniform(1, 2), clock=Clock())
+    tune = fake_tune(s)
+    tune.add("ok", {})
+    tune.add("bad", bad)
+    assert sorted(tune.step()) == ["bad", "ok"]
+    assert trial_decision(tune.trials["ok"].config).gpus == 1
+    with pytest.raises(TrialTrainingError, match=why):
+        trial_decision(tune.trials["bad"].config)
+    s.close()
