@@ -95,3 +95,33 @@ def test_rows_the_controller_would_refuse_error_that_trial_not_the_search(fake_t
     with pytest.raises(TrialTrainingError, match=why):
         trial_decision(tune.trials["bad"].config)
     s.close()
+
+
+# ------------------------------------------------------------ constructor arguments
+@pytest.mark.parametrize(
+    ("kwargs", "why"),
+    [
+        # were accepted: a bundle asking Ray for infinitely many CPUs (the search waited for ever), a
+        # background solve with no time limit, True taken as 1
+        ({"cpus_per_trial": float("inf")}, "cpus_per_trial is inf; it must be a finite number >= 0"),
+        ({"cpus_per_trial": True}, "cpus_per_trial is True; it must be a finite number"),
+        ({"solver_time_limit_s": float("inf")}, "solver_time_limit_s is inf; it must be a finite number > 0"),
+        ({"restart_s": True}, "restart_s is True; it must be a finite number >= 0"),
+        # were read as True (any non-empty string is)
+        ({"measure_restart": "no"}, "measure_restart is 'no'; give True or False"),
+        ({"expect_early_stops": "false"}, "expect_early_stops is 'false'; give True or False"),
+        # failed at the first trial, inside Tune's loop, with "'int' object is not callable"
+        ({"clock": 3}, "clock is a int; give a function"),
+    ],
+)
+def test_bad_constructor_arguments_are_one_line_errors(kwargs, why):
+    from ray_saturn.tune import TuneIntegrationError
+
+    with pytest.raises(TuneIntegrationError, match=why):
+        SaturnScheduler(lambda c: [row()], **kwargs)
+
+
+def test_numpy_numbers_are_numbers():
+    s = SaturnScheduler(lambda c: [row()], cpus_per_trial=np.int64(2), restart_s=np.float32(3.0))
+    assert s.stats().restart_s == 3.0
+    s.close()

@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import numbers
 import statistics
 import time
 import uuid
@@ -284,12 +285,16 @@ class SaturnScheduler(TrialScheduler):
 
         if not callable(estimate):
             raise TuneIntegrationError("estimate must be a function config -> the rows of that config's task")
-        if not (isinstance(restart_s, int | float) and restart_s >= 0 and math.isfinite(restart_s)):
-            raise TuneIntegrationError(f"restart_s is {restart_s!r}; it must be a finite number >= 0")
-        if not (isinstance(cpus_per_trial, int | float) and cpus_per_trial >= 0):
-            raise TuneIntegrationError(f"cpus_per_trial is {cpus_per_trial!r}; it must be >= 0")
-        if not (isinstance(solver_time_limit_s, int | float) and solver_time_limit_s > 0):
-            raise TuneIntegrationError(f"solver_time_limit_s is {solver_time_limit_s!r}; it must be > 0")
+        # Numbers are finite (cpus_per_trial=inf asked Ray for a bundle no node has: the search hung) and
+        # not booleans; flags are booleans (measure_restart="no" was read as True).
+        _check_number("restart_s", restart_s, positive=False)
+        _check_number("cpus_per_trial", cpus_per_trial, positive=False)
+        _check_number("solver_time_limit_s", solver_time_limit_s, positive=True)
+        for name, flag in (("measure_restart", measure_restart), ("expect_early_stops", expect_early_stops)):
+            if not isinstance(flag, bool):
+                raise TuneIntegrationError(f"{name} is {flag!r}; give True or False")
+        if clock is not None and not callable(clock):
+            raise TuneIntegrationError(f"clock is a {type(clock).__name__}; give a function () -> seconds, or None")
         if base_scheduler is not None and (not isinstance(base_scheduler, TrialScheduler)
                                            or isinstance(base_scheduler, SaturnScheduler)):
             raise TuneIntegrationError(
@@ -874,6 +879,12 @@ class SaturnScheduler(TrialScheduler):
                 self._hook_ms[name] = ms
                 self._hook_cpu_ms[name] = 1000 * (time.thread_time() - c0)
                 self._hook_process_cpu_ms[name] = 1000 * (time.process_time() - p0)
+
+
+def _check_number(name: str, value: Any, *, positive: bool) -> None:
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if not (ok and (value > 0 if positive else value >= 0)):
+        raise TuneIntegrationError(f"{name} is {value!r}; it must be a finite number {'> 0' if positive else '>= 0'}")
 
 
 def _warm_up_solver() -> None:
