@@ -125,3 +125,26 @@ def test_numpy_numbers_are_numbers():
     s = SaturnScheduler(lambda c: [row()], cpus_per_trial=np.int64(2), restart_s=np.float32(3.0))
     assert s.stats().restart_s == 3.0
     s.close()
+
+
+# ------------------------------------------------------------ the trial side
+@pytest.mark.parametrize("every", [2.5, "x", None, float("nan"), float("inf")])
+def test_saturn_trainable_refuses_a_report_every_that_is_not_a_whole_number(every):
+    from ray_saturn.tune import saturn_trainable
+
+    # 2.5 was cut to 2; the others were a bare ValueError / TypeError / OverflowError
+    with pytest.raises(TrialTrainingError, match=r"report_every is .*; give a whole number >= 1"):
+        saturn_trainable(lambda c: None, report_every=every)
+    assert callable(saturn_trainable(lambda c: None, report_every="5"))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [{}, {"strategy": "ddp"}, {"strategy": "ddp", "gpus": "x"}, {"strategy": "ddp", "gpus": 0},
+     {"strategy": "ddp", "gpus": 2, "knobs": "[1]"}, {"error": ""}],
+)
+def test_a_config_saturn_key_that_is_no_decision_is_a_one_line_error(raw):
+    # were KeyError 'gpus', ValueError, or a decision on 0 GPUs
+    with pytest.raises(TrialTrainingError, match=r"not a decision of SaturnScheduler .* leave it out of param_space"):
+        trial_decision({"lr": 0.1, "_saturn": raw})
+    assert trial_decision({"_saturn": {"strategy": "ddp", "gpus": 2.0, "knobs": None}}).gpus == 2
