@@ -148,3 +148,47 @@ def test_a_config_saturn_key_that_is_no_decision_is_a_one_line_error(raw):
     with pytest.raises(TrialTrainingError, match=r"not a decision of SaturnScheduler .* leave it out of param_space"):
         trial_decision({"lr": 0.1, "_saturn": raw})
     assert trial_decision({"_saturn": {"strategy": "ddp", "gpus": 2.0, "knobs": None}}).gpus == 2
+
+
+# ------------------------------------------------------------ the cluster against Ray's resources
+def _ray_node(node_id, gpus, cpus=2.0, alive=True):
+    return {"NodeID": node_id, "Alive": alive, "Resources": {"CPU": cpus, **({"GPU": gpus} if gpus else {})}}
+
+
+RAY_NODES = [_ray_node("a" * 56, 4), _ray_node("b" * 56, 2, cpus=8.0), _ray_node("c" * 56, 0, cpus=64.0),
+             _ray_node("d" * 56, 8, cpus=64.0, alive=False)]
+
+
+@pytest.mark.parametrize(
+    ("cluster", "cpus", "why"),
+    [
+        # a bundle of 8 GPUs / 4 CPUs no alive GPU node holds: Tune waited for it for ever
+        (ClusterSpec.uniform(1, 8), 1.0, "cluster node 'node-0' has 8 GPUs but the largest Ray node has 4"),
+        (None, 16.0, "cpus_per_trial is 16, but no GPU node of the Ray cluster has more than 8 CPUs"),
+        ("ids", 1.0, "has node_id dddddddddddd..., which no alive node of the Ray cluster has"),
+    ],
+)
+def test_a_cluster_or_bundle_ray_cannot_hold_is_refused_before_any_trial(monkeypatch, cluster, cpus, why):
+    import ray
+
+    from ray_saturn.spec import NodeSpec
+    from ray_saturn.tune import TuneIntegrationError
+
+    if cluster == "ids":
+        cluster = ClusterSpec((NodeSpec("node-a", 4, "a" * 56), NodeSpec("node-d", 8, "d" * 56)))
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "nodes", lambda: RAY_NODES)
+    monkeypatch.setattr(planner_mod.BackgroundPlanner, "start", lambda self: None)  # no Ray actor here
+    s = SaturnScheduler(lambda c: [row()], cluster=cluster, cpus_per_trial=cpus)
+    try:
+        with pytest.raises(TuneIntegrationError, match=why):
+            s.set_search_properties("loss", "min")
+    finally:
+        s.close()
+    # what Ray can hold is taken: 4 GPUs on the first node, 8 CPUs on the second
+    ok = SaturnScheduler(lambda c: [row()], cluster=ClusterSpec.uniform(2, 4), cpus_per_trial=8.0)
+    try:
+        assert ok.set_search_properties("loss", "min")
+    finally:
+        ok.close()
+

@@ -403,6 +403,11 @@ class SaturnScheduler(TrialScheduler):
         # Tune calls this once, with Ray up, before any trial: start the background planner here, not in a hook.
         t0 = time.perf_counter()
         try:
+            import ray
+
+            if ray.is_initialized():
+                # A bundle no node can hold is never placed: Tune would wait for it for ever.
+                check_fits_ray(self._cluster, self._cpus, ray.nodes())
             return self._base.set_search_properties(metric, mode, **spec)
         finally:
             self._planner.start()
@@ -879,6 +884,42 @@ class SaturnScheduler(TrialScheduler):
                 self._hook_ms[name] = ms
                 self._hook_cpu_ms[name] = 1000 * (time.thread_time() - c0)
                 self._hook_process_cpu_ms[name] = 1000 * (time.process_time() - p0)
+
+
+def check_fits_ray(cluster: ClusterSpec | None, cpus_per_trial: float, ray_nodes: Sequence[Mapping[str, Any]]) -> None:
+    """Raise :class:`TuneIntegrationError` when a trial's bundle could never be placed on the Ray cluster
+    (``ray.nodes()``): ``cpus_per_trial`` more CPUs than any GPU node has, or a node of an explicit
+    ``cluster`` with more GPUs than any Ray node (or a ``node_id`` no alive Ray node has)."""
+    alive = [n for n in ray_nodes if n.get("Alive")]
+    res = {n.get("NodeID"): n.get("Resources") or {} for n in alive}
+    gpu_nodes = [r for r in res.values() if r.get("GPU", 0) > 0]
+    if gpu_nodes and cpus_per_trial > 0:
+        most = max(r.get("CPU", 0) for r in gpu_nodes)
+        if cpus_per_trial > most:
+            raise TuneIntegrationError(
+                f"cpus_per_trial is {cpus_per_trial:g}, but no GPU node of the Ray cluster has more than {most:g} "
+                f"CPUs: no trial could ever start; give cpus_per_trial <= {most:g}"
+            )
+    if cluster is None:
+        return
+    most_gpus = max((r.get("GPU", 0) for r in res.values()), default=0)
+    for node in cluster.nodes:
+        if node.node_id:
+            have = res.get(node.node_id)
+            if have is None:
+                raise TuneIntegrationError(
+                    f"cluster node {node.name!r} has node_id {node.node_id[:12]}..., which no alive node of the "
+                    "Ray cluster has; pass cluster=None (Ray's own nodes) or ClusterSpec.from_ray()"
+                )
+            gpus = have.get("GPU", 0)
+        else:
+            gpus = most_gpus
+        if node.gpus > gpus:
+            where = "that Ray node has" if node.node_id else "the largest Ray node has"
+            raise TuneIntegrationError(
+                f"cluster node {node.name!r} has {node.gpus} GPUs but {where} {gpus:g}: trials planned on it "
+                "could never start; pass cluster=None (Ray's own nodes) or a ClusterSpec Ray's nodes can hold"
+            )
 
 
 def _check_number(name: str, value: Any, *, positive: bool) -> None:
