@@ -192,3 +192,43 @@ def test_a_cluster_or_bundle_ray_cannot_hold_is_refused_before_any_trial(monkeyp
     finally:
         ok.close()
 
+
+# ------------------------------------------------------------ what a trainable of one's own reports
+@pytest.mark.parametrize(
+    "bad",
+    [
+        # were ValueError / OverflowError / TypeError raised from on_trial_result: the whole search ended
+        {"saturn_step": float("nan")},
+        {"saturn_step": "x"},
+        {"saturn_step": float("inf")},
+        {"saturn_step_time_s": float("nan")},  # was an AttributeError in statistics.stdev
+        {"saturn_step_time_s": "0.5"},
+        {"saturn_total_steps": "x"},
+        # were taken: a step before the start made the measured restart cost 8 s instead of 0
+        {"saturn_step": -5},
+        {"saturn_step": 3.7},
+    ],
+)
+def test_odd_progress_reports_are_warned_about_and_left_out(fake_tune, no_background, caplog, bad):
+    import logging
+
+    two = [row(), row(strategy="ddp", gpus=2, step_time_s=0.6)]
+    clock = Clock()
+    s = SaturnScheduler(lambda c: two, cluster=ClusterSpec.uniform(1, 2), clock=clock)
+    tune = fake_tune(s)
+    tune.add("a", {})
+    tune.step()
+    clock.t = 3.0
+    result = {"saturn_step": 3, "saturn_step_time_s": 1.0, "saturn_total_steps": 10, **bad}
+    with caplog.at_level(logging.WARNING, logger="ray_saturn"):
+        assert s.on_trial_result(tune, tune.trials["a"], dict(result)) == "CONTINUE"
+        assert s.on_trial_result(tune, tune.trials["a"], dict(result)) == "CONTINUE"
+    key = next(iter(bad))
+    warned = [r.getMessage() for r in caplog.records if key in r.getMessage()]
+    assert len(warned) == 1 and f"trial a reported {key}={bad[key]!r}, not" in warned[0], caplog.text
+    # a good report after it counts as ever
+    clock.t = 4.0
+    tune.step()
+    s.on_trial_result(tune, tune.trials["a"], {"saturn_step": 4, "saturn_step_time_s": 1.0})
+    assert s.controller.state("a").steps_done == 4 and s.stats().restart_s == 0.0
+    s.close()

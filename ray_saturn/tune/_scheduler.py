@@ -190,6 +190,8 @@ class _TrialState:
     launch_crowd: int = 0
     pause_at: float | None = None
     warned_steps: bool = False
+    #: result keys the trial reported values of that are no step count / step time (warned about once)
+    bad_reports: set[str] = field(default_factory=set)
     paused_by_base: bool = False
     errors: list[str] = field(default_factory=list)
     #: the base scheduler's early stops for this trial (None: it is planned for all its steps)
@@ -466,12 +468,13 @@ class SaturnScheduler(TrialScheduler):
             if st is None or st.phase not in ("running", "stopping") or not st.in_controller:
                 return decision
             now = self._now()
-            step = result.get("saturn_step")
-            step_time = result.get("saturn_step_time_s")
-            self._check_steps(st, result.get("saturn_total_steps"))
+            # What a trainable of the user's own reports may be anything: a value that is no step count
+            # (or step time) is warned about once and left out, never an exception in Tune's loop.
+            step = self._reported(st, result, "saturn_step", whole=True)
+            step_time = self._reported(st, result, "saturn_step_time_s", whole=False)
+            self._check_steps(st, self._reported(st, result, "saturn_total_steps", whole=True))
             if step is None:
                 return decision
-            step = int(step)
             if st.released_at is not None and step_time:
                 # Launch to first result, less the steps it trained: the start-up a (re)launch costs.
                 latency = max(0.0, now - st.released_at - (step - st.steps_at_release) * step_time)
@@ -783,6 +786,28 @@ class SaturnScheduler(TrialScheduler):
         self._ended.append((trial.trial_id, finished, reason, retry))
         if not retry:
             self.metrics.task_state(trial.trial_id, "finished" if finished else "failed")
+
+    def _reported(self, st: _TrialState, result: Mapping[str, Any], key: str, *, whole: bool) -> Any:
+        """``result[key]`` as a step count >= 0 (``whole``) or a step time > 0, finite; else ``None``
+        (warned about once per trial and key)."""
+        value = result.get(key)
+        if value is None:
+            return None
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+        if ok and whole:
+            ok = value >= 0 and value == int(value)
+        elif ok:
+            ok = value > 0
+        if ok:
+            return int(value) if whole else float(value)
+        if key not in st.bad_reports:
+            st.bad_reports.add(key)
+            want = "a whole number of steps >= 0" if whole else "seconds per step > 0"
+            logger.warning(
+                "trial %s reported %s=%r, not %s; ray_saturn leaves it out of the trial's progress (report it as "
+                "saturn_trainable does, or not at all)", st.trial.trial_id, key, value, want,
+            )
+        return None
 
     def _check_steps(self, st: _TrialState, total: Any) -> None:
         if st.warned_steps or total is None or st.rows is None:
