@@ -232,3 +232,54 @@ def test_odd_progress_reports_are_warned_about_and_left_out(fake_tune, no_backgr
     s.on_trial_result(tune, tune.trials["a"], {"saturn_step": 4, "saturn_step_time_s": 1.0})
     assert s.controller.state("a").steps_done == 4 and s.stats().restart_s == 0.0
     s.close()
+
+
+def test_an_endless_num_samples_is_refused_before_any_trial(monkeypatch):
+    import sys
+
+    from ray_saturn.tune import TuneIntegrationError
+
+    monkeypatch.setattr(planner_mod.BackgroundPlanner, "start", lambda self: None)
+    s = SaturnScheduler(lambda c: [row()], cluster=ClusterSpec.uniform(1, 2))
+    # Tune turns num_samples=-1 into sys.maxsize; every added trial was held PAUSED, so Tune's loop asked
+    # the searcher for trials without end (16,000 trials in 40 s, none started) and never came back.
+    with pytest.raises(TuneIntegrationError, match=r"num_samples=-1 .* give TuneConfig\(num_samples=N\)"):
+        s.set_search_properties("loss", "min", num_samples=sys.maxsize, stop=None, time_budget_s=None)
+    assert s.set_search_properties("loss", "min", num_samples=12, stop=None, time_budget_s=None)
+    s.close()
+
+
+@pytest.mark.ray
+def test_tuner_refuses_what_would_have_waited_for_ever_at_once(tmp_path):
+    import functools
+    import time
+
+    from ray import tune
+
+    from ray_saturn.tune import TuneIntegrationError, saturn_trainable
+    from ray_saturn.workloads.regression import regression_task
+    from tests.ray_head import local_ray
+
+    def fit(scheduler):
+        tuner = tune.Tuner(
+            saturn_trainable(functools.partial(regression_task, max_steps=6), report_every=3),
+            param_space={"lr": 0.1, "width": 16},
+            # without the checks the search ran out its time budget with no trial started (Tune only warned)
+            tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=scheduler, time_budget_s=20),
+            run_config=tune.RunConfig(name="refused", storage_path=str(tmp_path), verbose=0),
+        )
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(TuneIntegrationError) as err:
+                tuner.fit()
+        finally:
+            scheduler.close()
+        assert time.monotonic() - t0 < 15
+        return str(err.value)
+
+    with local_ray(num_gpus=2, num_cpus=2):
+        est = lambda config: [row(steps=6, step_time_s=0.01)]  # noqa: E731
+        assert "cpus_per_trial is 4, but no GPU node of the Ray cluster has more than 2 CPUs" in fit(
+            SaturnScheduler(est, cpus_per_trial=4))
+        assert "cluster node 'node-0' has 8 GPUs but the largest Ray node has 2" in fit(
+            SaturnScheduler(est, cpus_per_trial=0.25, cluster=ClusterSpec.uniform(1, 8)))

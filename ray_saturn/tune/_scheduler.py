@@ -52,6 +52,7 @@ import logging
 import math
 import numbers
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -403,13 +404,21 @@ class SaturnScheduler(TrialScheduler):
 
     def set_search_properties(self, metric: str | None, mode: str | None, **spec) -> bool:
         # Tune calls this once, with Ray up, before any trial: start the background planner here, not in a hook.
+        import ray
+
+        if isinstance(spec.get("num_samples"), int) and spec["num_samples"] >= sys.maxsize:
+            # Tune adds trials while fewer than its limit are PENDING, and every trial waiting for its
+            # GPUs is held PAUSED: an endless searcher was asked for trials without end, none ran.
+            raise TuneIntegrationError(
+                "num_samples=-1 (sample until stopped) cannot be used with SaturnScheduler: every trial the "
+                "searcher adds is held until the plan starts it, so Tune would add trials without end; "
+                "give TuneConfig(num_samples=N)"
+            )
+        if ray.is_initialized():
+            # A bundle no node can hold is never placed: Tune would wait for it for ever.
+            check_fits_ray(self._cluster, self._cpus, ray.nodes())
         t0 = time.perf_counter()
         try:
-            import ray
-
-            if ray.is_initialized():
-                # A bundle no node can hold is never placed: Tune would wait for it for ever.
-                check_fits_ray(self._cluster, self._cpus, ray.nodes())
             return self._base.set_search_properties(metric, mode, **spec)
         finally:
             self._planner.start()
