@@ -143,14 +143,20 @@ def trial_rows(
     ``registered``: the registered strategy names (default: looked up); ``gpu_types``: the GPU
     types of the cluster's nodes (default: rows of any type are kept).
     """
-    from ray_saturn.errors import ProfileError
-    from ray_saturn.profile_table import _parse_gpus
-    from ray_saturn.spec import check_gpu_type
+    from ray_saturn.limits import MAX_NODES, MAX_RUNTIME_S, MAX_STEPS
+    from ray_saturn.profile_table import _parse_bool, _parse_gpus, _parse_int
+    from ray_saturn.spec import canonical_strategy, check_gpu_type
     from ray_saturn.strategies import get_strategy, strategy_names
 
     mappings = _as_mappings(raw)
     if not mappings:
         raise TrialRejected("the estimate returned no rows")
+    tasks = sorted({str(r["task"]).strip() for r in mappings if r.get("task") not in (None, "")})
+    if len(tasks) > 1:
+        raise TrialRejected(
+            f"the estimate's rows are of {len(tasks)} tasks ({', '.join(tasks[:4])}); "
+            "return the rows of the one task this config trains, e.g. profile_rows(table, name)"
+        )
     registered = set(strategy_names() if registered is None else registered)
     rows: list[TrialRow] = []
     left_out: list[str] = []
@@ -161,25 +167,20 @@ def trial_rows(
         missing = [k for k in ("strategy", "gpus", "steps") if r.get(k) in (None, "")]
         if missing:
             raise TrialRejected(f"{where} {dict(r)!r} lacks {', '.join(missing)}")
-        strategy = str(r["strategy"])
+        strategy = str(canonical_strategy(str(r["strategy"])))  # DDP is ddp, as in a profile table
         try:
+            # The profile table's own rules: whole numbers within its limits, feasible as a bool
+            # (numpy's False and 0 too); else the controller's table would refuse the rows later.
             gpus = _parse_gpus(r["gpus"], where)
-        except ProfileError as exc:
-            raise TrialRejected(str(exc)) from None
-        try:
-            nodes, steps = int(r.get("nodes") or 1), int(r["steps"])
-        except (TypeError, ValueError):
-            raise TrialRejected(f"{where}: nodes and steps must be whole numbers, got {dict(r)!r}") from None
-        if nodes < 1 or steps < 1:
-            raise TrialRejected(f"{where}: nodes and steps must be at least 1, got {dict(r)!r}")
-        try:
+            nodes = _parse_int(r.get("nodes"), "nodes", where, default=1, high=MAX_NODES)
+            steps = _parse_int(r["steps"], "steps", where, high=MAX_STEPS)
+            feasible = _parse_bool(r.get("feasible"), where)
             gpu_type = check_gpu_type(r.get("gpu_type"), f"{where}: gpu_type")
         except SaturnError as exc:
             raise TrialRejected(str(exc)) from None
         steps_seen.add(steps)
         label = f"{strategy} on {gpus} GPU(s)" + (f" of {gpu_type}" if gpu_type else "")
-        feasible = r.get("feasible", True)
-        if feasible is False or (isinstance(feasible, str) and feasible.strip().lower() in ("false", "0", "no")):
+        if not feasible:
             left_out.append(f"{label}: infeasible ({r.get('reason') or 'no reason given'})")
             continue
         step_time = r.get("step_time_s")
@@ -189,6 +190,11 @@ def trial_rows(
             raise TrialRejected(f"{where}: step_time_s is {step_time!r}; give seconds per step > 0") from None
         if not (step_time > 0 and math.isfinite(step_time)):
             raise TrialRejected(f"{where}: step_time_s is {step_time!r}; give seconds per step > 0")
+        if steps * step_time > MAX_RUNTIME_S:
+            raise TrialRejected(
+                f"{where}: steps x step_time_s = {steps} x {step_time:g} s = {steps * step_time:.3g} s, beyond "
+                f"{MAX_RUNTIME_S:g} s; check the units (step_time_s is seconds per step)"
+            )
         if nodes != 1:
             left_out.append(f"{label}: spans {nodes} nodes; a Tune trial is one bundle on one node")
             continue

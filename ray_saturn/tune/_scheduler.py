@@ -50,7 +50,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import numbers
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -189,6 +191,8 @@ class _TrialState:
     launch_crowd: int = 0
     pause_at: float | None = None
     warned_steps: bool = False
+    #: result keys the trial reported values of that are no step count / step time (warned about once)
+    bad_reports: set[str] = field(default_factory=set)
     paused_by_base: bool = False
     errors: list[str] = field(default_factory=list)
     #: the base scheduler's early stops for this trial (None: it is planned for all its steps)
@@ -284,12 +288,16 @@ class SaturnScheduler(TrialScheduler):
 
         if not callable(estimate):
             raise TuneIntegrationError("estimate must be a function config -> the rows of that config's task")
-        if not (isinstance(restart_s, int | float) and restart_s >= 0 and math.isfinite(restart_s)):
-            raise TuneIntegrationError(f"restart_s is {restart_s!r}; it must be a finite number >= 0")
-        if not (isinstance(cpus_per_trial, int | float) and cpus_per_trial >= 0):
-            raise TuneIntegrationError(f"cpus_per_trial is {cpus_per_trial!r}; it must be >= 0")
-        if not (isinstance(solver_time_limit_s, int | float) and solver_time_limit_s > 0):
-            raise TuneIntegrationError(f"solver_time_limit_s is {solver_time_limit_s!r}; it must be > 0")
+        # Numbers are finite (cpus_per_trial=inf asked Ray for a bundle no node has: the search hung) and
+        # not booleans; flags are booleans (measure_restart="no" was read as True).
+        _check_number("restart_s", restart_s, positive=False)
+        _check_number("cpus_per_trial", cpus_per_trial, positive=False)
+        _check_number("solver_time_limit_s", solver_time_limit_s, positive=True)
+        for name, flag in (("measure_restart", measure_restart), ("expect_early_stops", expect_early_stops)):
+            if not isinstance(flag, bool):
+                raise TuneIntegrationError(f"{name} is {flag!r}; give True or False")
+        if clock is not None and not callable(clock):
+            raise TuneIntegrationError(f"clock is a {type(clock).__name__}; give a function () -> seconds, or None")
         if base_scheduler is not None and (not isinstance(base_scheduler, TrialScheduler)
                                            or isinstance(base_scheduler, SaturnScheduler)):
             raise TuneIntegrationError(
@@ -396,6 +404,19 @@ class SaturnScheduler(TrialScheduler):
 
     def set_search_properties(self, metric: str | None, mode: str | None, **spec) -> bool:
         # Tune calls this once, with Ray up, before any trial: start the background planner here, not in a hook.
+        import ray
+
+        if isinstance(spec.get("num_samples"), int) and spec["num_samples"] >= sys.maxsize:
+            # Tune adds trials while fewer than its limit are PENDING, and every trial waiting for its
+            # GPUs is held PAUSED: an endless searcher was asked for trials without end, none ran.
+            raise TuneIntegrationError(
+                "num_samples=-1 (sample until stopped) cannot be used with SaturnScheduler: every trial the "
+                "searcher adds is held until the plan starts it, so Tune would add trials without end; "
+                "give TuneConfig(num_samples=N)"
+            )
+        if ray.is_initialized():
+            # A bundle no node can hold is never placed: Tune would wait for it for ever.
+            check_fits_ray(self._cluster, self._cpus, ray.nodes())
         t0 = time.perf_counter()
         try:
             return self._base.set_search_properties(metric, mode, **spec)
@@ -456,12 +477,13 @@ class SaturnScheduler(TrialScheduler):
             if st is None or st.phase not in ("running", "stopping") or not st.in_controller:
                 return decision
             now = self._now()
-            step = result.get("saturn_step")
-            step_time = result.get("saturn_step_time_s")
-            self._check_steps(st, result.get("saturn_total_steps"))
+            # What a trainable of the user's own reports may be anything: a value that is no step count
+            # (or step time) is warned about once and left out, never an exception in Tune's loop.
+            step = self._reported(st, result, "saturn_step", whole=True)
+            step_time = self._reported(st, result, "saturn_step_time_s", whole=False)
+            self._check_steps(st, self._reported(st, result, "saturn_total_steps", whole=True))
             if step is None:
                 return decision
-            step = int(step)
             if st.released_at is not None and step_time:
                 # Launch to first result, less the steps it trained: the start-up a (re)launch costs.
                 latency = max(0.0, now - st.released_at - (step - st.steps_at_release) * step_time)
@@ -774,6 +796,28 @@ class SaturnScheduler(TrialScheduler):
         if not retry:
             self.metrics.task_state(trial.trial_id, "finished" if finished else "failed")
 
+    def _reported(self, st: _TrialState, result: Mapping[str, Any], key: str, *, whole: bool) -> Any:
+        """``result[key]`` as a step count >= 0 (``whole``) or a step time > 0, finite; else ``None``
+        (warned about once per trial and key)."""
+        value = result.get(key)
+        if value is None:
+            return None
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+        if ok and whole:
+            ok = value >= 0 and value == int(value)
+        elif ok:
+            ok = value > 0
+        if ok:
+            return int(value) if whole else float(value)
+        if key not in st.bad_reports:
+            st.bad_reports.add(key)
+            want = "a whole number of steps >= 0" if whole else "seconds per step > 0"
+            logger.warning(
+                "trial %s reported %s=%r, not %s; ray_saturn leaves it out of the trial's progress (report it as "
+                "saturn_trainable does, or not at all)", st.trial.trial_id, key, value, want,
+            )
+        return None
+
     def _check_steps(self, st: _TrialState, total: Any) -> None:
         if st.warned_steps or total is None or st.rows is None:
             return
@@ -874,6 +918,48 @@ class SaturnScheduler(TrialScheduler):
                 self._hook_ms[name] = ms
                 self._hook_cpu_ms[name] = 1000 * (time.thread_time() - c0)
                 self._hook_process_cpu_ms[name] = 1000 * (time.process_time() - p0)
+
+
+def check_fits_ray(cluster: ClusterSpec | None, cpus_per_trial: float, ray_nodes: Sequence[Mapping[str, Any]]) -> None:
+    """Raise :class:`TuneIntegrationError` when a trial's bundle could never be placed on the Ray cluster
+    (``ray.nodes()``): ``cpus_per_trial`` more CPUs than any GPU node has, or a node of an explicit
+    ``cluster`` with more GPUs than any Ray node (or a ``node_id`` no alive Ray node has)."""
+    alive = [n for n in ray_nodes if n.get("Alive")]
+    res = {n.get("NodeID"): n.get("Resources") or {} for n in alive}
+    gpu_nodes = [r for r in res.values() if r.get("GPU", 0) > 0]
+    if gpu_nodes and cpus_per_trial > 0:
+        most = max(r.get("CPU", 0) for r in gpu_nodes)
+        if cpus_per_trial > most:
+            raise TuneIntegrationError(
+                f"cpus_per_trial is {cpus_per_trial:g}, but no GPU node of the Ray cluster has more than {most:g} "
+                f"CPUs: no trial could ever start; give cpus_per_trial <= {most:g}"
+            )
+    if cluster is None:
+        return
+    most_gpus = max((r.get("GPU", 0) for r in res.values()), default=0)
+    for node in cluster.nodes:
+        if node.node_id:
+            have = res.get(node.node_id)
+            if have is None:
+                raise TuneIntegrationError(
+                    f"cluster node {node.name!r} has node_id {node.node_id[:12]}..., which no alive node of the "
+                    "Ray cluster has; pass cluster=None (Ray's own nodes) or ClusterSpec.from_ray()"
+                )
+            gpus = have.get("GPU", 0)
+        else:
+            gpus = most_gpus
+        if node.gpus > gpus:
+            where = "that Ray node has" if node.node_id else "the largest Ray node has"
+            raise TuneIntegrationError(
+                f"cluster node {node.name!r} has {node.gpus} GPUs but {where} {gpus:g}: trials planned on it "
+                "could never start; pass cluster=None (Ray's own nodes) or a ClusterSpec Ray's nodes can hold"
+            )
+
+
+def _check_number(name: str, value: Any, *, positive: bool) -> None:
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if not (ok and (value > 0 if positive else value >= 0)):
+        raise TuneIntegrationError(f"{name} is {value!r}; it must be a finite number {'> 0' if positive else '>= 0'}")
 
 
 def _warm_up_solver() -> None:

@@ -32,6 +32,7 @@ for GPUs its parent already holds.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -96,8 +97,18 @@ def trial_decision(config: Mapping[str, Any]) -> TrialDecision:
         )
     if raw.get("error"):
         raise TrialTrainingError(str(raw["error"]))
-    g = float(raw["gpus"])
-    return TrialDecision(str(raw["strategy"]), g if g < 1 else int(g), dict(raw.get("knobs") or {}), raw.get("node"))
+    try:
+        g = float(raw["gpus"])
+        knobs = raw.get("knobs") or {}
+        if not (isinstance(raw["strategy"], str) and raw["strategy"] and g > 0 and math.isfinite(g)
+                and isinstance(knobs, Mapping)):
+            raise ValueError
+    except (KeyError, TypeError, ValueError):
+        raise TrialTrainingError(
+            f"config['_saturn'] is {dict(raw)!r}, not a decision of SaturnScheduler (a strategy, gpus > 0 and "
+            "knobs as a dict); '_saturn' is ray_saturn's key: leave it out of param_space"
+        ) from None
+    return TrialDecision(raw["strategy"], g if g < 1 else int(g), dict(knobs), raw.get("node"))
 
 
 def _set_rank_env(rank: int, world: int) -> None:
@@ -349,10 +360,11 @@ def saturn_trainable(make_task: Callable[[dict], Task], *, report_every: int = 1
     """
     if not callable(make_task):
         raise TrialTrainingError("make_task must be a function config -> ray_saturn.Task")
-    if isinstance(report_every, bool) or int(report_every) < 1:
-        raise TrialTrainingError(f"report_every is {report_every}; it must be at least 1")
+    from ray_saturn.limits import whole
+
+    every = whole(report_every, "report_every", error=TrialTrainingError)  # 2.5 was cut to 2, "x" a ValueError
 
     def saturn_trial(config: dict) -> None:
-        _run_trial(make_task, config, int(report_every))
+        _run_trial(make_task, config, every)
 
     return saturn_trial
