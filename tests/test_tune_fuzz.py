@@ -97,6 +97,34 @@ def test_rows_the_controller_would_refuse_error_that_trial_not_the_search(fake_t
     s.close()
 
 
+def test_a_user_key_named_saturn_errors_that_trial_and_own_gpus_are_warned_about(fake_tune, no_background, caplog):
+    # The '_saturn' key was overwritten by the scheduler's decision at launch, and resources of the
+    # trainable's own (tune.with_resources) silently replaced by the planned bundle.
+    from ray.tune.execution.placement_groups import PlacementGroupFactory
+
+    s = SaturnScheduler(lambda c: [row()], cluster=ClusterSpec.uniform(1, 2), clock=Clock())
+    tune = fake_tune(s)
+    own = FakeTrial("own", {})
+    own.placement_group_factory = PlacementGroupFactory([{"CPU": 1, "GPU": 2}])
+    tune.trials["own"] = own
+    with caplog.at_level("WARNING", logger="ray_saturn.tune._scheduler"):
+        s.on_trial_add(tune, own)
+        tune.add("mine", {"_saturn": "my value"})
+    assert sum("asks for 2 GPU(s) of its own" in r.getMessage() for r in caplog.records) == 1
+    assert sorted(tune.step()) == ["mine", "own"]
+    assert trial_decision(tune.trials["own"].config).gpus == 1
+    with pytest.raises(TrialTrainingError, match=r"its config has the key '_saturn'.*rename that key in param_space"):
+        trial_decision(tune.trials["mine"].config)
+    s.close()
+
+
+def test_start_order_plan_with_a_completion_objective_is_refused():
+    from ray_saturn.tune import TuneIntegrationError
+
+    with pytest.raises(TuneIntegrationError, match="start_order='plan' applies to objective 'makespan' only"):
+        SaturnScheduler(lambda c: [row()], objective="online", start_order="plan")
+
+
 # ------------------------------------------------------------ constructor arguments
 @pytest.mark.parametrize(
     ("kwargs", "why"),

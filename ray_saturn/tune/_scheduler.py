@@ -247,7 +247,7 @@ class SaturnScheduler(TrialScheduler):
             trials first lets them pass rungs they would not pass in the
             searcher's order (see :func:`~ray_saturn.tune._planner.in_arrival_order`).
             Objective ``makespan`` only: the completion objectives order by
-            remaining work.
+            remaining work (``"plan"`` with another objective is refused).
         run_name: the ``run`` tag of the dashboard metrics.
         clock: seconds now (for tests); default ``time.monotonic``.
 
@@ -314,6 +314,12 @@ class SaturnScheduler(TrialScheduler):
             self._objective = parse_objective(objective)
         except SaturnError as exc:
             raise TuneIntegrationError(str(exc)) from None
+        if start_order == "plan" and self._objective != "makespan":
+            # The completion objectives order trials by remaining work; the flag would be ignored.
+            raise TuneIntegrationError(
+                f"start_order='plan' applies to objective 'makespan' only; objective {self._objective!r} orders "
+                "trials by their remaining work: leave start_order out, or give objective='makespan'"
+            )
         self._estimate = estimate
         self._base = base_scheduler or FIFOScheduler()
         self._cluster = cluster
@@ -333,6 +339,7 @@ class SaturnScheduler(TrialScheduler):
         self._arrivals: list[str] = []
         self._ended: list[tuple[str, bool, str, bool]] = []  # (trial, finished, reason, retry)
         self._launches: dict[str, Launch] = {}
+        self._warned_own_resources = False
         self._held: dict[str, tuple[str, int | float]] = {}  # trial -> (node, GPUs) Tune holds for it
         self._held_at: dict[str, Placement] = {}  # trial -> the placement (devices) Tune holds for it
         self._node_ids: dict[str, str] = {}
@@ -438,7 +445,13 @@ class SaturnScheduler(TrialScheduler):
             st = _TrialState(trial, config)
             self._trials[trial.trial_id] = st
             self._now()  # the clock starts at the first trial
+            self._warn_own_resources(trial)
             try:
+                if DECISION_KEY in trial.config:  # a key of the user's: it would be overwritten at launch
+                    raise TrialRejected(
+                        f"its config has the key {DECISION_KEY!r}, where SaturnScheduler puts its decision; "
+                        "rename that key in param_space"
+                    )
                 st.rows = trial_rows(
                     self._timed_estimate(config), max_gpus_per_node=self._max_gpus_per_node(),
                     registered=self._strategies, gpu_types=self._cluster_spec().gpu_types
@@ -795,6 +808,22 @@ class SaturnScheduler(TrialScheduler):
         self._ended.append((trial.trial_id, finished, reason, retry))
         if not retry:
             self.metrics.task_state(trial.trial_id, "finished" if finished else "failed")
+
+    def _warn_own_resources(self, trial: Trial) -> None:
+        """Once per search: the trainable asks for GPUs of its own (``tune.with_resources``), which the
+        plan's bundle replaces."""
+        if self._warned_own_resources:
+            return
+        pgf = getattr(trial, "placement_group_factory", None)
+        bundles = getattr(pgf, "bundles", None) or []
+        gpus = sum(float(b.get("GPU", 0)) for b in bundles)
+        if gpus > 0:
+            self._warned_own_resources = True
+            logger.warning(
+                "trial %s asks for %g GPU(s) of its own (tune.with_resources or resources_per_trial); "
+                "SaturnScheduler decides each trial's GPUs and node and replaces them with its planned bundle "
+                "(give the GPU counts a config can use as rows of the estimate instead)", trial.trial_id, gpus,
+            )
 
     def _reported(self, st: _TrialState, result: Mapping[str, Any], key: str, *, whole: bool) -> Any:
         """``result[key]`` as a step count >= 0 (``whole``) or a step time > 0, finite; else ``None``
