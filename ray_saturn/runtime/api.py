@@ -336,4 +336,44 @@ def check_profile(profile: ProfileTable, tasks: list[Task]) -> None:
     from ray_saturn.strategies import strategy_names
 
     profile.check_strategies(strategy_names())
+    _check_rows_fit_tasks(profile, {t.name: t for t in tasks})
     profile.check_feasible()
+
+
+def _check_rows_fit_tasks(profile: ProfileTable, tasks: dict[str, Task]) -> None:
+    """Raise unless every row trains its task as the workload says: the task's steps, a strategy the
+    task allows, and (for a feasible row) a GPU count the strategy can run the task on.
+
+    The run trains each task to its rows' ``steps`` with the rows' strategies, so a row that disagrees
+    with the workload would train another number of steps (the run still says finished) or a strategy
+    the task ruled out, or fail on the workers only after the run has started.
+    """
+    from ray_saturn.errors import ProfileError
+    from ray_saturn.strategies.registry import get_strategy
+
+    checked: dict[tuple[str, str, int], str | None] = {}
+    for i, c in enumerate(profile, start=1):
+        task = tasks[c.task]
+        where = f"{profile.source} row {i} (task {c.task!r}, {c.strategy} on {c.gpus:g} GPU(s))"
+        if c.steps != task.total_steps:
+            raise ProfileError(
+                f"{where}: steps is {c.steps}, but the workload trains {c.task!r} for {task.total_steps} steps; "
+                f"set steps to {task.total_steps} (or profile the workload again)"
+            )
+        if task.strategies is not None and c.strategy not in task.strategies:
+            raise ProfileError(
+                f"{where}: task {c.task!r} allows only {', '.join(task.strategies)} (its strategies=); "
+                "drop the row or allow the strategy"
+            )
+        if not c.feasible:
+            continue
+        workers = 1 if c.is_share else int(c.gpus)
+        key = (c.task, c.strategy, workers)
+        if key not in checked:
+            try:
+                checked[key] = get_strategy(c.strategy).applies(task, workers)
+            except Exception as exc:  # the model cannot be built here (it may need the workers' GPUs)
+                logger.debug("cannot check %s for %s here: %s", c.strategy, c.task, exc)
+                checked[key] = None
+        if checked[key]:
+            raise ProfileError(f"{where}: {checked[key]}; mark the row infeasible or drop it")
