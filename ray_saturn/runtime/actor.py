@@ -22,11 +22,11 @@ from typing import Any
 from ray_saturn.errors import SaturnError
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.runtime.config import RunSettings
-from ray_saturn.runtime.journal import Journal
+from ray_saturn.runtime.journal import GANTT_FILE, PLAN_FILE, PROFILE_FILE, RUN_FILE, Journal
 from ray_saturn.runtime.launcher import on_head_node
 from ray_saturn.runtime.lease import RunLease, live_owner, locked_error
 from ray_saturn.runtime.records import DriverResult, TaskRecord
-from ray_saturn.runtime.storage import RunStorage, StorageError
+from ray_saturn.runtime.storage import TASKS_DIR, RunStorage, StorageError
 from ray_saturn.spec import ClusterSpec, Task
 
 __all__ = [
@@ -178,6 +178,22 @@ def check_new_run_folder(storage: RunStorage, *, ours: RunLease | None = None) -
             f"{storage.display} already holds a run; resume it with `ray-saturn resume {storage.display}` "
             "or choose another folder"
         )
+    tasks, files = _left_by_a_run(storage)
+    if tasks or files:
+        held = ([f"{TASKS_DIR}/ ({', '.join(tasks[:3])}{', ...' if len(tasks) > 3 else ''})"] if tasks else []) + files
+        harm = " and ".join((["start its tasks from the checkpoints there"] if tasks else [])
+                            + ([f"overwrite {', '.join(files)}"] if files else []))
+        raise StorageError(
+            f"{storage.display} holds {', '.join(held)} but no run to resume (no {RUN_FILE}); a new run here "
+            f"would {harm}: give a new or empty folder, or move them away"
+        )
+
+
+def _left_by_a_run(storage: RunStorage) -> tuple[list[str], list[str]]:
+    """The task folders and the files a run writes that a folder without a run holds (an earlier run's
+    checkpoints and plan, or the user's own files of those names)."""
+    files = [name for name in (PROFILE_FILE, PLAN_FILE, GANTT_FILE) if storage.exists(name)]
+    return [e.name for e in storage.list(TASKS_DIR)], files
 
 
 def end_orphaned_driver(run_name: str, *, budget_s: float = 120.0) -> bool:

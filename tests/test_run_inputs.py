@@ -1,0 +1,64 @@
+"""What a new user's own workload file, profile and run folder meet in `run`, `emulate`, `status`, `resume`
+and `simulate`: unusual but plausible input is one line (exit 2) or runs as asked, never a traceback, a
+silent wrong result or a lost checkpoint. None of these tests starts Ray.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import ray_saturn
+from ray_saturn.cli import main
+from ray_saturn.profile_table import ProfileTable
+from ray_saturn.runtime.journal import RUN_FILE
+from ray_saturn.runtime.storage import StorageError
+from ray_saturn.toy import mlp_task
+
+WORKLOAD = "from ray_saturn.toy import mlp_task\ntasks = [mlp_task('m', max_steps=20)]\n"
+PROFILE = "task,strategy,gpus,step_time_s,steps\nm,single,1,0.01,20\n"
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    import ray
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("bad input must be refused before Ray starts")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("left", ["tasks/m/checkpoints/step-10/meta.json", "plan.json"])
+@pytest.mark.parametrize("command", ["run", "emulate"])
+def test_a_folder_with_an_earlier_runs_checkpoints_but_no_run_is_refused(tmp_path, capsys, no_ray, left, command):
+    # The run's own files were removed (or the folder is the user's own), but tasks/<task>/checkpoints is still
+    # there: a new run would have started task m at step 10 of the old weights and said "finished".
+    (tmp_path / "w.py").write_text(WORKLOAD)
+    (tmp_path / "p.csv").write_text(PROFILE)
+    run = tmp_path / "run"
+    (run / left).parent.mkdir(parents=True)
+    (run / left).write_text("{}")
+    args = (["run", str(tmp_path / "w.py"), "--profile", str(tmp_path / "p.csv")] if command == "run" else
+            ["emulate", str(tmp_path / "p.csv"), "--nodes", "1", "--gpus-per-node", "1", "--time-scale", "0.01"])
+    assert main([*args, "--storage", str(run)]) == 2
+    err = one_line(capsys)
+    held = "tasks/ (m)" if left.startswith("tasks") else "plan.json"
+    assert f"{run} holds {held} but no run to resume (no run.json)" in err, err
+    assert "give a new or empty folder, or move them away" in err
+    assert sorted(p.name for p in run.iterdir()) == [left.split("/")[0]], "nothing was written to the folder"
+
+
+def test_the_python_api_refuses_such_a_folder_too(tmp_path, no_ray):
+    run = tmp_path / "run"
+    (run / "tasks" / "m" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(StorageError, match=r"holds tasks/ \(m\) but no run to resume"):
+        ray_saturn.run([mlp_task("m", max_steps=20)], storage=run, profile=ProfileTable.from_rows(
+            [{"task": "m", "strategy": "single", "gpus": 1, "step_time_s": 0.01, "steps": 20}]))
+    assert not (run / RUN_FILE).exists()
