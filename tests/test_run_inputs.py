@@ -62,3 +62,38 @@ def test_the_python_api_refuses_such_a_folder_too(tmp_path, no_ray):
         ray_saturn.run([mlp_task("m", max_steps=20)], storage=run, profile=ProfileTable.from_rows(
             [{"task": "m", "strategy": "single", "gpus": 1, "step_time_s": 0.01, "steps": 20}]))
     assert not (run / RUN_FILE).exists()
+
+
+def test_ctrl_c_during_a_run_stops_its_driver_and_says_how_to_resume(tmp_path, capsys, monkeypatch):
+    # Ctrl-C while `emulate` (or `run`, `resume`) waits for its driver: it said only "interrupted", and a
+    # Python caller's driver (a notebook's interrupt) went on training after its folder's lock was released.
+    import contextlib
+
+    import ray
+
+    from ray_saturn.runtime import emulation
+    from ray_saturn.runtime.journal import Journal
+    from ray_saturn.runtime.storage import RunStorage
+
+    killed = []
+    monkeypatch.setattr(emulation, "emulated_cluster", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(emulation, "reclaim_dead_runs", lambda *a, **k: None)
+    monkeypatch.setattr(emulation, "start_driver", lambda *a, **k: ("driver", "result"))
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray, "wait", interrupted)
+    monkeypatch.setattr(ray, "kill", lambda actor, **kw: killed.append(actor))
+    (tmp_path / "p.csv").write_text(PROFILE)
+    run = tmp_path / "run"
+    code = main(["emulate", str(tmp_path / "p.csv"), "--nodes", "1", "--gpus-per-node", "1", "--time-scale", "0.01",
+                 "--storage", str(run)])
+    err = one_line(capsys)
+    assert code == 130
+    assert f"ray-saturn emulate: interrupted; {run} keeps what the run did (finished tasks, checkpoints): " \
+           f"`ray-saturn resume {run}` continues it" in err, err
+    assert killed == ["driver"]
+    events = Journal(RunStorage(run, create=False)).events()
+    assert events[-1]["kind"] == "interrupted" and events[-1]["wall"] > 0
+    assert not (run / "lease.json").exists(), "the folder's lock is released for resume"

@@ -35,6 +35,7 @@ __all__ = [
     "DRIVER_PREFIX",
     "DriverActor",
     "DriverLost",
+    "RunInterrupted",
     "check_new_run_folder",
     "connected",
     "driver_name",
@@ -240,6 +241,11 @@ class DriverLost(SaturnError):
     """The driver actor died before the run ended (the run folder stays resumable)."""
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C while a run went: its driver is stopped and the run folder stays resumable (the message
+    names it). A ``KeyboardInterrupt``, so an interrupt still ends whatever called the run."""
+
+
 def wait_for_driver(actor: Any, ref: Any, *, lease: RunLease, journal: Journal) -> DriverResult:
     """The driver's result. While waiting, the run folder's lease is watched: if another run took
     it over, the driver is stopped. A driver that dies is one line (:class:`DriverLost`), and an
@@ -249,11 +255,24 @@ def wait_for_driver(actor: Any, ref: Any, *, lease: RunLease, journal: Journal) 
     import ray
     from ray.exceptions import RayError
 
-    while not ray.wait([ref], timeout=lease.heartbeat_s)[0]:
-        if lease.lost is not None:
-            with contextlib.suppress(Exception):
-                ray.kill(actor, no_restart=True)  # another run owns the folder now: stop writing to it
-            lease.check()
+    try:
+        while not ray.wait([ref], timeout=lease.heartbeat_s)[0]:
+            if lease.lost is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)  # another run owns the folder now: stop writing to it
+                lease.check()
+    except KeyboardInterrupt:
+        # Ctrl-C: the run stops here (in a notebook the process, and so the driver, would live on), and
+        # the user is told where it is and how to go on.
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
+        with contextlib.suppress(Exception):
+            journal.event({"kind": "interrupted", "wall": round(time.time(), 3)})
+        uri = journal.storage.display
+        raise RunInterrupted(
+            f"interrupted; {uri} keeps what the run did (finished tasks, checkpoints): "
+            f"`ray-saturn resume {uri}` continues it"
+        ) from None
     try:
         return DriverResult.from_dict(ray.get(ref))
     except RayError as exc:
