@@ -5,10 +5,14 @@ silent wrong result or a lost checkpoint. None of these tests starts Ray.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+import torch
 
 import ray_saturn
 from ray_saturn.cli import main
+from ray_saturn.errors import SpecError
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.runtime.journal import RUN_FILE
 from ray_saturn.runtime.storage import StorageError
@@ -97,3 +101,45 @@ def test_ctrl_c_during_a_run_stops_its_driver_and_says_how_to_resume(tmp_path, c
     events = Journal(RunStorage(run, create=False)).events()
     assert events[-1]["kind"] == "interrupted" and events[-1]["wall"] > 0
     assert not (run / "lease.json").exists(), "the folder's lock is released for resume"
+
+
+class _Frozen(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 1).requires_grad_(False)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("model, message", [
+    (lambda hp: torch.nn.Identity(), "task 'm': its model (Identity) has no parameters, so there is nothing to train"),
+    (lambda hp: _Frozen(), "every parameter of its model (_Frozen, 2 tensors) is frozen (requires_grad=False)"),
+    (lambda hp: "not a model", "task 'm': model factory returned str, not a torch.nn.Module"),
+])
+def test_a_task_with_nothing_to_train_is_refused_before_ray_starts(tmp_path, no_ray, model, message):
+    # Every attempt failed on the workers (the optimizer's 'empty parameter list', backward's 'does not require
+    # grad'), each after a trainer's start, max_failures + 1 times; profiling called the task infeasible.
+    task = dataclasses.replace(mlp_task("m", max_steps=20), model=model)
+    seed = torch.initial_seed()
+    with pytest.raises(SpecError) as info:
+        ray_saturn.run([task], storage=tmp_path / "run", profile=ProfileTable.from_rows(
+            [{"task": "m", "strategy": "single", "gpus": 1, "step_time_s": 0.01, "steps": 20}]))
+    assert message in str(info.value) and "\n" not in str(info.value)
+    assert not (tmp_path / "run").exists() and torch.initial_seed() == seed
+
+
+def test_a_partly_frozen_model_or_one_the_meta_device_cannot_build_passes_the_check():
+    from ray_saturn.strategies.introspect import check_trainable
+
+    def numpy_init(hp):
+        import numpy as np
+
+        lin = torch.nn.Linear(2, 1)
+        lin.weight.data = torch.from_numpy(np.ones((1, 2), dtype="float32"))  # fails on meta: left to the workers
+        return lin
+
+    partly = torch.nn.Sequential(torch.nn.Linear(2, 2).requires_grad_(False), torch.nn.Linear(2, 1))
+    for model in (lambda hp: partly, numpy_init):
+        check_trainable(dataclasses.replace(mlp_task("m"), model=model))

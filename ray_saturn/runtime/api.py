@@ -93,6 +93,10 @@ def run(
         >>> # [(t, r.state) for t, r in result.tasks.items()]
     """
     task_list = check_unique_names(tasks)
+    from ray_saturn.strategies.introspect import check_trainable
+
+    for t in task_list:  # before anything is profiled or started: every attempt would fail on the workers
+        check_trainable(t)
     if config is not None and policy is not None and policy != config.policy:
         raise SaturnError(f"policy is {policy!r} but config.policy is {config.policy!r}; give it once")
     cfg = (config or DriverConfig()).with_policy(policy)
