@@ -143,3 +143,42 @@ def test_a_partly_frozen_model_or_one_the_meta_device_cannot_build_passes_the_ch
     partly = torch.nn.Sequential(torch.nn.Linear(2, 2).requires_grad_(False), torch.nn.Linear(2, 1))
     for model in (lambda hp: partly, numpy_init):
         check_trainable(dataclasses.replace(mlp_task("m"), model=model))
+
+
+def _train_folder(tmp_path, workload):
+    from ray_saturn.runtime.config import RunSettings
+    from ray_saturn.runtime.journal import Journal
+    from ray_saturn.runtime.storage import RunStorage
+    from ray_saturn.workload_file import workload_digest
+
+    store = RunStorage(tmp_path / "run")
+    store.write_json(RUN_FILE, RunSettings(name="r", mode="train", workload=str(workload),
+                                           workload_digest=workload_digest(workload)).to_dict())
+    Journal(store).write_profile(ProfileTable.from_rows(
+        [{"task": "m", "strategy": "single", "gpus": 1, "step_time_s": 0.01, "steps": 20}]))
+    return store
+
+
+@pytest.mark.parametrize("edited, message", [
+    ("tasks = [mlp_task('m', max_steps=40)]\n",
+     "row 1 (task 'm', single on 1 GPU(s)): steps is 20, but the workload trains 'm' for 40 steps"),
+    ("tasks = [mlp_task('renamed', max_steps=20)]\n", "the profile has no rows for task(s) renamed"),
+])
+def test_resume_with_a_workload_that_is_not_the_runs_is_one_line_and_records_nothing(tmp_path, capsys, no_ray,
+                                                                                     edited, message):
+    # `resume DIR --workload FILE` with an edited file: a task renamed reached the driver ("not in the workload
+    # given to the runtime", after the cluster started); more max_steps trained the run's 20 and said finished.
+    wl = tmp_path / "w.py"
+    wl.write_text(WORKLOAD)
+    store = _train_folder(tmp_path, wl)
+    before = store.read_json(RUN_FILE)
+    edited_file = tmp_path / "edited.py"
+    edited_file.write_text("from ray_saturn.toy import mlp_task\n" + edited)
+    assert main(["resume", str(tmp_path / "run"), "--workload", str(edited_file)]) == 2
+    err = one_line(capsys)
+    assert message in err and "; a resumed run trains the tasks it started with, as its profile says: pass the " \
+        "workload it started with (or start a new run)" in err, err
+    assert store.read_json(RUN_FILE) == before, "the refused file is not recorded as the run's workload"
+    assert not (tmp_path / "run" / "lease.json").exists()
+    with pytest.raises(SpecError, match=r"no rows for task\(s\) extra; a resumed run trains the tasks it started"):
+        ray_saturn.resume(tmp_path / "run", tasks=[mlp_task("m", max_steps=20), mlp_task("extra", max_steps=20)])

@@ -187,15 +187,23 @@ def resume(
     profile = journal.read_profile()
     for name in profile.tasks:
         store.task_dir(name)
-    if settings.mode == "train" and tasks is None and workload is None:
-        _check_recorded_workload(journal, settings)
+    task_map: dict[str, Task] | None = None
+    recorded = settings
+    if settings.mode == "train":
+        if tasks is None:
+            tasks, settings = _trusted_workload(journal, settings, workload)
+        task_list = check_unique_names(tasks)
+        try:  # the run's own profile: the tasks, steps and strategies it started with
+            check_profile(profile, task_list)
+        except SaturnError as exc:
+            what = str(exc).rsplit("; ", 1)[0]  # its fix is for a new run's profile
+            raise SpecError(f"{what}; a resumed run trains the tasks it started with, as its profile says: pass "
+                            "the workload it started with (or start a new run)") from None
+        task_map = {t.name: t for t in task_list}
     with RunLease(store, command="resume", run_name=settings.name).held() as lease:
         state = _resume_state(journal, settings, lease)
-        task_map: dict[str, Task] | None = None
-        if settings.mode == "train":
-            if tasks is None:
-                tasks, settings = _trusted_workload(journal, settings, workload)
-            task_map = {t.name: t for t in check_unique_names(tasks)}
+        if settings is not recorded:  # a workload file passed explicitly: the run's workload from now on
+            journal.write_settings(settings.to_dict())
         journal.event({"kind": "resume", "wall": round(time.time(), 3), "time_s": state.get("time_s", 0.0)})
         ctx: contextlib.AbstractContextManager[Any] = (
             connected() if settings.mode == "train" else emulated_context(journal)
@@ -258,7 +266,8 @@ def _resume_state(journal: Journal, settings: RunSettings, lease: RunLease) -> d
 def _trusted_workload(
     journal: Journal, settings: RunSettings, workload: str | os.PathLike[str] | None
 ) -> tuple[list[Task], RunSettings]:
-    """The tasks of the run's workload file, loaded only if it is the file the run started with.
+    """The tasks of the run's workload file, loaded only if it is the file the run started with, and the
+    run's settings (naming a file passed explicitly, for the caller to record once it holds the folder).
 
     ``run.json`` is in the run folder, which others may be able to write (a
     shared bucket): the file it names runs only while its SHA-256 is the one
@@ -274,9 +283,7 @@ def _trusted_workload(
             logger.warning("%s differs from the workload file the run started with; running it because it was "
                            "passed explicitly", path)
         tasks = load_workload(path)
-        settings = replace(settings, workload=path, workload_digest=digest)
-        journal.write_settings(settings.to_dict())
-        return tasks, settings
+        return tasks, replace(settings, workload=path, workload_digest=digest)
     digest = _check_recorded_workload(journal, settings)
     tasks = load_workload(settings.workload)
     if workload_digest(settings.workload) != digest:  # changed while it loaded
