@@ -82,6 +82,11 @@ def _exited(path: str | os.PathLike[str], exc: SystemExit, when: str) -> SpecErr
     )
 
 
+def _ray_initialized() -> bool:
+    ray = sys.modules.get("ray")  # not imported: not initialised either
+    return bool(ray is not None and ray.is_initialized())
+
+
 def load_workload(path: str | os.PathLike[str]) -> list[Task]:
     """The tasks a workload file defines, ready to be shipped to Ray workers.
 
@@ -98,6 +103,7 @@ def load_workload(path: str | os.PathLike[str]) -> list[Task]:
     if spec is None or spec.loader is None:
         raise SpecError(f"{path}: not a Python file; a workload file ends in .py and defines `tasks`")
     module = importlib.util.module_from_spec(spec)
+    ray_before = _ray_initialized()
     before = set(sys.modules)
     sys.modules[name] = module
     try:
@@ -124,6 +130,14 @@ def load_workload(path: str | os.PathLike[str]) -> list[Task]:
             raise _exited(path, exc, "in tasks()") from None
         except Exception as exc:
             raise SpecError(f"{path}: tasks() raised {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    if not ray_before and _ray_initialized():
+        import ray
+
+        ray.shutdown()  # the Ray it started (a local one with no GPUs, or a connection) would be the run's
+        raise SpecError(
+            f"{path}: the workload called ray.init(); a workload file defines `tasks` only (ray-saturn joins "
+            "or starts Ray itself: --num-gpus N, RAY_ADDRESS): drop it or put it under `if __name__ == '__main__':`"
+        )
     if tasks is None:
         raise SpecError(f"{path}: define a module-level `tasks` list of ray_saturn.Task (or a tasks() function)")
     if isinstance(tasks, (str, bytes)) or not hasattr(tasks, "__iter__"):

@@ -46,6 +46,15 @@ def no_ray(monkeypatch):
          "other.csv: the profile has no rows for task(s) m; profile them"),
         (["run", "{w}", "--storage", "{tmp}/r", "--num-gpus", "1", "--profile", "{tmp}/warp.csv"],
          "warp.csv row 1: strategy 'warp' is not registered"),
+        # Rows that disagree with the workload: the run would train other steps, a strategy the task rules
+        # out, or fail on its workers after the run started.
+        (["run", "{w}", "--storage", "{tmp}/r", "--profile", "{tmp}/steps.csv"],
+         "steps.csv row 2 (task 'm', ddp on 2 GPU(s)): steps is 10, but the workload trains 'm' for 100 steps; "
+         "set steps to 100"),
+        (["run", "{w}", "--storage", "{tmp}/r", "--profile", "{tmp}/single2.csv"],
+         "single2.csv row 1 (task 'm', single on 2 GPU(s)): single runs on at most 1 GPU(s), not 2"),
+        (["run", "{tmp}/only.py", "--storage", "{tmp}/r", "--profile", "{tmp}/ddp.csv"],
+         "ddp.csv row 1 (task 'm', ddp on 2 GPU(s)): task 'm' allows only single (its strategies=)"),
         (["resume", "{tmp}/r", "--num-gpus", "two"], "--num-gpus: 'two' is not a whole number"),
         (["profile", "{w}", "-o", "{tmp}/p.csv", "--warmup", "-1"], "--warmup: '-1' is not a whole number"),
         (["profile", "{w}", "-o", "{tmp}/p.csv", "--steps", "1.5"], "--steps: '1.5' is not a whole number"),
@@ -81,6 +90,13 @@ def test_bad_input_is_one_line_before_ray_starts(tmp_path, capsys, no_ray, args,
     (tmp_path / "bad.csv").write_text(head + "m,ddp,abc,1.0,10\n")
     (tmp_path / "other.csv").write_text(head + "a,ddp,1,1.0,10\n")
     (tmp_path / "warp.csv").write_text(head + "m,warp,1,1.0,10\n")
+    (tmp_path / "steps.csv").write_text(head + "m,single,1,1.0,100\nm,ddp,2,0.6,10\n")
+    (tmp_path / "single2.csv").write_text(head + "m,single,2,1.0,100\n")
+    (tmp_path / "ddp.csv").write_text(head + "m,ddp,2,1.0,100\n")
+    (tmp_path / "only.py").write_text(
+        "from dataclasses import replace\nfrom ray_saturn.toy import mlp_task\n"
+        "tasks = [replace(mlp_task('m'), strategies=('single',))]\n"
+    )
     argv = [a.format(w=tmp_path / "w.py", tmp=tmp_path) for a in args]
     assert main(argv) == 2
     err = capsys.readouterr().err

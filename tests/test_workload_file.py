@@ -136,3 +136,37 @@ def test_digest_names_the_bytes(tmp_path):
     assert first.startswith("sha256:") and first == workload_digest(path)
     path.write_text(WORKLOAD + "\n# changed\n")
     assert workload_digest(path) != first
+
+
+@pytest.mark.parametrize("body", [
+    "import ray\nray.init()\nfrom ray_saturn.toy import mlp_task\ntasks = [mlp_task('m')]\n",
+    "import ray\nfrom ray_saturn.toy import mlp_task\n"
+    "def tasks():\n    ray.init(num_gpus=2)\n    return [mlp_task('m')]\n",
+])
+def test_a_workload_that_starts_ray_is_one_line_and_its_ray_shut_down(tmp_path, monkeypatch, body):
+    # A workload written after the README's Python example (ray.init() first) started a local Ray in the CLI's
+    # process: `run --num-gpus 2` then said "Ray is already initialised in this process", and without
+    # --num-gpus the run joined that Ray (no GPUs on a CPU machine: "the Ray cluster has no node with a GPU").
+    import ray
+
+    up = []
+    monkeypatch.setattr(ray, "init", lambda *a, **k: up.append(True))
+    monkeypatch.setattr(ray, "is_initialized", lambda: bool(up))
+    monkeypatch.setattr(ray, "shutdown", lambda: up.clear())
+    path = tmp_path / "w.py"
+    path.write_text(body)
+    with pytest.raises(SpecError) as info:
+        load_workload(path)
+    text = str(info.value)
+    assert text.startswith(f"{path}: the workload called ray.init(); a workload file defines `tasks` only"), text
+    assert "\n" not in text and not up, "the Ray the workload started is shut down"
+
+
+def test_a_workload_loaded_where_ray_already_runs_is_loaded(tmp_path, monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # the caller's own Ray (a notebook, a Ray job)
+    path = tmp_path / "w.py"
+    path.write_text("import ray\nray.init(ignore_reinit_error=True) if not ray.is_initialized() else None\n"
+                    "from ray_saturn.toy import mlp_task\ntasks = [mlp_task('m')]\n")
+    assert [t.name for t in load_workload(path)] == ["m"]

@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     except SaturnError as exc:
         print(f"ray-saturn {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"ray-saturn {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # a run's says where its folder is and how to go on
+        print(f"ray-saturn {args.command}: {str(exc) or 'interrupted'}", file=sys.stderr)
         return 130
     finally:
         # Free Arrow readers left in reference cycles while Arrow is still alive: torn down at

@@ -76,6 +76,7 @@ from ray_saturn.profiler.shares import (
 )
 from ray_saturn.profiler.store import ProfileStore, StoredShare, StoredStartup, StoredTrial
 from ray_saturn.spec import ClusterSpec, Task, canonical_strategy, check_unique_names
+from ray_saturn.strategies.introspect import check_trainable
 from ray_saturn.strategies.registry import get_strategy, strategy_names
 
 __all__ = ["ProfileResult", "Profiler", "knobs_for", "parse_knobs", "profile"]
@@ -339,6 +340,8 @@ class Profiler:
                 "ray.init(num_gpus=N, include_dashboard=False) gives N logical GPUs)"
             )
         tasks = check_unique_names(tasks)
+        for task in tasks:  # every trial would fail (and the task be called infeasible on this many GPUs)
+            check_trainable(task)
         cluster = self.cluster or ClusterSpec.from_ray()
         t0 = time.monotonic()
         hardware = self._hardware()

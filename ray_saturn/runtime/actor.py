@@ -22,11 +22,11 @@ from typing import Any
 from ray_saturn.errors import SaturnError
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.runtime.config import RunSettings
-from ray_saturn.runtime.journal import Journal
+from ray_saturn.runtime.journal import GANTT_FILE, PLAN_FILE, PROFILE_FILE, RUN_FILE, Journal
 from ray_saturn.runtime.launcher import on_head_node
 from ray_saturn.runtime.lease import RunLease, live_owner, locked_error
 from ray_saturn.runtime.records import DriverResult, TaskRecord
-from ray_saturn.runtime.storage import RunStorage, StorageError
+from ray_saturn.runtime.storage import TASKS_DIR, RunStorage, StorageError
 from ray_saturn.spec import ClusterSpec, Task
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "DRIVER_PREFIX",
     "DriverActor",
     "DriverLost",
+    "RunInterrupted",
     "check_new_run_folder",
     "connected",
     "driver_name",
@@ -178,6 +179,22 @@ def check_new_run_folder(storage: RunStorage, *, ours: RunLease | None = None) -
             f"{storage.display} already holds a run; resume it with `ray-saturn resume {storage.display}` "
             "or choose another folder"
         )
+    tasks, files = _left_by_a_run(storage)
+    if tasks or files:
+        held = ([f"{TASKS_DIR}/ ({', '.join(tasks[:3])}{', ...' if len(tasks) > 3 else ''})"] if tasks else []) + files
+        harm = " and ".join((["start its tasks from the checkpoints there"] if tasks else [])
+                            + ([f"overwrite {', '.join(files)}"] if files else []))
+        raise StorageError(
+            f"{storage.display} holds {', '.join(held)} but no run to resume (no {RUN_FILE}); a new run here "
+            f"would {harm}: give a new or empty folder, or move them away"
+        )
+
+
+def _left_by_a_run(storage: RunStorage) -> tuple[list[str], list[str]]:
+    """The task folders and the files a run writes that a folder without a run holds (an earlier run's
+    checkpoints and plan, or the user's own files of those names)."""
+    files = [name for name in (PROFILE_FILE, PLAN_FILE, GANTT_FILE) if storage.exists(name)]
+    return [e.name for e in storage.list(TASKS_DIR)], files
 
 
 def end_orphaned_driver(run_name: str, *, budget_s: float = 120.0) -> bool:
@@ -224,6 +241,11 @@ class DriverLost(SaturnError):
     """The driver actor died before the run ended (the run folder stays resumable)."""
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C while a run went: its driver is stopped and the run folder stays resumable (the message
+    names it). A ``KeyboardInterrupt``, so an interrupt still ends whatever called the run."""
+
+
 def wait_for_driver(actor: Any, ref: Any, *, lease: RunLease, journal: Journal) -> DriverResult:
     """The driver's result. While waiting, the run folder's lease is watched: if another run took
     it over, the driver is stopped. A driver that dies is one line (:class:`DriverLost`), and an
@@ -233,11 +255,24 @@ def wait_for_driver(actor: Any, ref: Any, *, lease: RunLease, journal: Journal) 
     import ray
     from ray.exceptions import RayError
 
-    while not ray.wait([ref], timeout=lease.heartbeat_s)[0]:
-        if lease.lost is not None:
-            with contextlib.suppress(Exception):
-                ray.kill(actor, no_restart=True)  # another run owns the folder now: stop writing to it
-            lease.check()
+    try:
+        while not ray.wait([ref], timeout=lease.heartbeat_s)[0]:
+            if lease.lost is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)  # another run owns the folder now: stop writing to it
+                lease.check()
+    except KeyboardInterrupt:
+        # Ctrl-C: the run stops here (in a notebook the process, and so the driver, would live on), and
+        # the user is told where it is and how to go on.
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
+        with contextlib.suppress(Exception):
+            journal.event({"kind": "interrupted", "wall": round(time.time(), 3)})
+        uri = journal.storage.display
+        raise RunInterrupted(
+            f"interrupted; {uri} keeps what the run did (finished tasks, checkpoints): "
+            f"`ray-saturn resume {uri}` continues it"
+        ) from None
     try:
         return DriverResult.from_dict(ray.get(ref))
     except RayError as exc:

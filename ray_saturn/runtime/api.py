@@ -93,6 +93,10 @@ def run(
         >>> # [(t, r.state) for t, r in result.tasks.items()]
     """
     task_list = check_unique_names(tasks)
+    from ray_saturn.strategies.introspect import check_trainable
+
+    for t in task_list:  # before anything is profiled or started: every attempt would fail on the workers
+        check_trainable(t)
     if config is not None and policy is not None and policy != config.policy:
         raise SaturnError(f"policy is {policy!r} but config.policy is {config.policy!r}; give it once")
     cfg = (config or DriverConfig()).with_policy(policy)
@@ -183,15 +187,23 @@ def resume(
     profile = journal.read_profile()
     for name in profile.tasks:
         store.task_dir(name)
-    if settings.mode == "train" and tasks is None and workload is None:
-        _check_recorded_workload(journal, settings)
+    task_map: dict[str, Task] | None = None
+    recorded = settings
+    if settings.mode == "train":
+        if tasks is None:
+            tasks, settings = _trusted_workload(journal, settings, workload)
+        task_list = check_unique_names(tasks)
+        try:  # the run's own profile: the tasks, steps and strategies it started with
+            check_profile(profile, task_list)
+        except SaturnError as exc:
+            what = str(exc).rsplit("; ", 1)[0]  # its fix is for a new run's profile
+            raise SpecError(f"{what}; a resumed run trains the tasks it started with, as its profile says: pass "
+                            "the workload it started with (or start a new run)") from None
+        task_map = {t.name: t for t in task_list}
     with RunLease(store, command="resume", run_name=settings.name).held() as lease:
         state = _resume_state(journal, settings, lease)
-        task_map: dict[str, Task] | None = None
-        if settings.mode == "train":
-            if tasks is None:
-                tasks, settings = _trusted_workload(journal, settings, workload)
-            task_map = {t.name: t for t in check_unique_names(tasks)}
+        if settings is not recorded:  # a workload file passed explicitly: the run's workload from now on
+            journal.write_settings(settings.to_dict())
         journal.event({"kind": "resume", "wall": round(time.time(), 3), "time_s": state.get("time_s", 0.0)})
         ctx: contextlib.AbstractContextManager[Any] = (
             connected() if settings.mode == "train" else emulated_context(journal)
@@ -254,7 +266,8 @@ def _resume_state(journal: Journal, settings: RunSettings, lease: RunLease) -> d
 def _trusted_workload(
     journal: Journal, settings: RunSettings, workload: str | os.PathLike[str] | None
 ) -> tuple[list[Task], RunSettings]:
-    """The tasks of the run's workload file, loaded only if it is the file the run started with.
+    """The tasks of the run's workload file, loaded only if it is the file the run started with, and the
+    run's settings (naming a file passed explicitly, for the caller to record once it holds the folder).
 
     ``run.json`` is in the run folder, which others may be able to write (a
     shared bucket): the file it names runs only while its SHA-256 is the one
@@ -270,9 +283,7 @@ def _trusted_workload(
             logger.warning("%s differs from the workload file the run started with; running it because it was "
                            "passed explicitly", path)
         tasks = load_workload(path)
-        settings = replace(settings, workload=path, workload_digest=digest)
-        journal.write_settings(settings.to_dict())
-        return tasks, settings
+        return tasks, replace(settings, workload=path, workload_digest=digest)
     digest = _check_recorded_workload(journal, settings)
     tasks = load_workload(settings.workload)
     if workload_digest(settings.workload) != digest:  # changed while it loaded
@@ -336,4 +347,44 @@ def check_profile(profile: ProfileTable, tasks: list[Task]) -> None:
     from ray_saturn.strategies import strategy_names
 
     profile.check_strategies(strategy_names())
+    _check_rows_fit_tasks(profile, {t.name: t for t in tasks})
     profile.check_feasible()
+
+
+def _check_rows_fit_tasks(profile: ProfileTable, tasks: dict[str, Task]) -> None:
+    """Raise unless every row trains its task as the workload says: the task's steps, a strategy the
+    task allows, and (for a feasible row) a GPU count the strategy can run the task on.
+
+    The run trains each task to its rows' ``steps`` with the rows' strategies, so a row that disagrees
+    with the workload would train another number of steps (the run still says finished) or a strategy
+    the task ruled out, or fail on the workers only after the run has started.
+    """
+    from ray_saturn.errors import ProfileError
+    from ray_saturn.strategies.registry import get_strategy
+
+    checked: dict[tuple[str, str, int], str | None] = {}
+    for i, c in enumerate(profile, start=1):
+        task = tasks[c.task]
+        where = f"{profile.source} row {i} (task {c.task!r}, {c.strategy} on {c.gpus:g} GPU(s))"
+        if c.steps != task.total_steps:
+            raise ProfileError(
+                f"{where}: steps is {c.steps}, but the workload trains {c.task!r} for {task.total_steps} steps; "
+                f"set steps to {task.total_steps} (or profile the workload again)"
+            )
+        if task.strategies is not None and c.strategy not in task.strategies:
+            raise ProfileError(
+                f"{where}: task {c.task!r} allows only {', '.join(task.strategies)} (its strategies=); "
+                "drop the row or allow the strategy"
+            )
+        if not c.feasible:
+            continue
+        workers = 1 if c.is_share else int(c.gpus)
+        key = (c.task, c.strategy, workers)
+        if key not in checked:
+            try:
+                checked[key] = get_strategy(c.strategy).applies(task, workers)
+            except Exception as exc:  # the model cannot be built here (it may need the workers' GPUs)
+                logger.debug("cannot check %s for %s here: %s", c.strategy, c.task, exc)
+                checked[key] = None
+        if checked[key]:
+            raise ProfileError(f"{where}: {checked[key]}; mark the row infeasible or drop it")

@@ -17,7 +17,7 @@ import torch
 from ray_saturn.spec import Task
 from ray_saturn.strategies.batching import batch_rows
 
-__all__ = ["build_model", "first_batch", "first_batch_rows", "meta_model"]
+__all__ = ["build_model", "check_trainable", "first_batch", "first_batch_rows", "meta_model"]
 
 
 def build_model(task: Task) -> torch.nn.Module:
@@ -44,6 +44,40 @@ def meta_model(task: Task) -> torch.nn.Module:
             return build_model(task)
     except Exception:
         return build_model(task)
+
+
+def check_trainable(task: Task) -> None:
+    """Raise a one-line :class:`SpecError` if ``task``'s model has nothing to train: its factory returns no
+    ``nn.Module``, or a module without parameters or with every parameter frozen (every worker's optimizer
+    or backward pass would fail, each attempt after a trainer's start). The model is built on the meta
+    device only; a factory that cannot build there is left for the workers to judge.
+
+    Example:
+        >>> t = Task("t", model=lambda hp: torch.nn.ReLU(), data=lambda hp: [(torch.ones(5, 3),)],
+        ...          loss=lambda o, b: o.sum(), optimizer=lambda p, hp: torch.optim.SGD(p, lr=0.1), max_steps=1)
+        >>> try:
+        ...     check_trainable(t)
+        ... except ValueError as exc:
+        ...     print(str(exc)[:60])
+        task 't': its model (ReLU) has no parameters, so there is no
+    """
+    from ray_saturn.errors import SpecError
+
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):  # the caller's torch seed is left as it was
+            model = build_model(task)
+    except SpecError:
+        raise
+    except Exception:
+        return
+    params = list(model.parameters())
+    kind = type(model).__name__
+    if not params:
+        raise SpecError(f"task {task.name!r}: its model ({kind}) has no parameters, so there is nothing to train; "
+                        "give it trainable layers (or drop the task)")
+    if not any(p.requires_grad for p in params):
+        raise SpecError(f"task {task.name!r}: every parameter of its model ({kind}, {len(params)} tensors) is frozen "
+                        "(requires_grad=False), so there is nothing to train; leave some layers trainable")
 
 
 def first_batch(task: Task):
