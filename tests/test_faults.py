@@ -497,6 +497,21 @@ def test_resume_with_a_damaged_profile_is_one_line_naming_the_file(tmp_path, cap
     assert not (tmp_path / "run" / LEASE_FILE).exists(), "the lock is released"
 
 
+def test_resume_of_a_run_stopped_before_its_profile_was_written_says_so(tmp_path, capsys):
+    # It said "profile.parquet does not exist; is this a ray_saturn run folder?" of the run's own folder.
+    from ray_saturn.workload_file import workload_digest
+
+    wl = tmp_path / "sweep.py"
+    wl.write_text(WORKLOAD)
+    train_folder(tmp_path, wl, workload_digest(wl))
+    (tmp_path / "run" / PROFILE_FILE).unlink()
+    assert main(["resume", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "has the run's run.json but no profile.parquet: the run stopped before its profile was written" in err
+    assert "start it again in a new folder" in err
+
+
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("workload", 5, r"run.json: workload is 5, not the path of a workload file.*--workload FILE"),
     ("workload_digest", 5, r"records no SHA-256 of the workload file .*--workload"),

@@ -283,6 +283,13 @@ class Journal:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        if not self.storage.exists(PROFILE_FILE) and self.storage.exists(RUN_FILE):
+            # run.json is written first: the run stopped while profiling, before anything trained.
+            raise StorageError(
+                f"{self.storage.display} has the run's {RUN_FILE} but no {PROFILE_FILE}: the run stopped before "
+                "its profile was written, so nothing was trained; start it again in a new folder (or remove "
+                "this one)"
+            )
         data = self.storage.read_bytes(PROFILE_FILE)
         try:
             table = pq.read_table(pa.BufferReader(data))
