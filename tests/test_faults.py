@@ -283,8 +283,11 @@ def test_status_says_a_killed_driver_is_not_seen(tmp_path, capsys):
     got = run_status(tmp_path)
     assert not got["driver"]["alive"] and got["driver_state"] == "stopped"
     assert main(["status", str(tmp_path)]) == 0
-    first = capsys.readouterr().out.splitlines()[0]
-    assert first == f"driver not seen for 40 s: run `ray-saturn resume {tmp_path}`"
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"driver not seen for 40 s: run `ray-saturn resume {tmp_path}`"
+    # its task is not shown running with an ETA (nothing runs it): stopped, at its steps
+    row = next(x for x in lines if x.startswith("a "))
+    assert row.split()[1] == "stopped" and "5/10" in row and "running" not in row
 
 
 def test_status_of_a_live_run_names_its_driver(tmp_path):

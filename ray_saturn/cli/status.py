@@ -67,13 +67,19 @@ def _print(state: dict) -> None:
         f"{'task':<{w}}  {'state':<10} {'strategy':<14} {'gpus':>4}  "
         f"{'progress':>17}  {'eta':>9}  nodes"
     )
+    # With no driver (killed, or the run stopped), nothing runs: a task the last state shows running
+    # has stopped at its last checkpoint, with no ETA until the run is resumed.
+    halted = state.get("driver_state") == "stopped"
     for name, t in tasks.items():
         pct = 100.0 * t["steps_done"] / max(1, t["total_steps"])
         prog = f"{t['steps_done']}/{t['total_steps']} {pct:3.0f}%"
+        shown, eta = t["state"], t.get("eta_s")
+        if halted and shown == "running":
+            shown, eta = "stopped", None
         line = (
-            f"{name:<{w}}  {t['state']:<10} {t.get('strategy') or '-':<14} "
+            f"{name:<{w}}  {shown:<10} {t.get('strategy') or '-':<14} "
             f"{t.get('gpus') or '-':>4}  "
-            f"{prog:>17}  {_eta(t.get('eta_s')):>9}  {','.join(t.get('nodes') or [])}"
+            f"{prog:>17}  {_eta(eta):>9}  {','.join(t.get('nodes') or [])}"
         )
         if t["state"] == "failed" and t.get("reason"):
             line += f"  reason: {t['reason']}"
