@@ -170,3 +170,35 @@ def test_a_workload_loaded_where_ray_already_runs_is_loaded(tmp_path, monkeypatc
     path.write_text("import ray\nray.init(ignore_reinit_error=True) if not ray.is_initialized() else None\n"
                     "from ray_saturn.toy import mlp_task\ntasks = [mlp_task('m')]\n")
     assert [t.name for t in load_workload(path)] == ["m"]
+
+
+def test_the_readmes_workload_file_loads_and_its_tasks_train(tmp_path):
+    """The README's example workload file, as written: four tasks whose own model class trains."""
+    import re
+
+    import torch
+
+    from ray_saturn.strategies.introspect import check_trainable
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("**A workload file**"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert code.startswith("# sweep.py")
+    (tmp_path / "sweep.py").write_text(code)
+    tasks = load_workload(tmp_path / "sweep.py")
+    assert sorted(t.name for t in tasks) == ["reg-w32-lr0.001", "reg-w32-lr0.01", "reg-w64-lr0.001", "reg-w64-lr0.01"]
+    for task in tasks:
+        check_trainable(task)
+        model = task.model(task.hparams)
+        opt = task.optimizer(model.parameters(), task.hparams)
+        batches = list(task.data(task.hparams))
+        again = list(task.data(task.hparams))  # deterministic given hparams, as the README says
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(batches, again, strict=True))
+        losses = []
+        for batch in batches * 3:
+            loss = task.loss(model(batch[0]), batch)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert losses[-1] < losses[0], (task.name, losses[0], losses[-1])
