@@ -354,7 +354,7 @@ def test_a_searcher_under_max_concurrent_trials_sees_results_before_it_suggests_
     scheduler = SaturnScheduler(lambda config: [row(steps=6, step_time_s=0.01)], cpus_per_trial=0.5)
     tuner = tune.Tuner(
         saturn_trainable(functools.partial(regression_task, max_steps=6), report_every=3),
-        tune_config=tune.TuneConfig(metric="loss", mode="min", num_samples=5, search_alg=Counting(),
+        tune_config=tune.TuneConfig(metric="loss", mode="min", num_samples=4, search_alg=Counting(),
                                     max_concurrent_trials=2, scheduler=scheduler),
         run_config=tune.RunConfig(name="searcher", storage_path=str(tmp_path), verbose=0),
     )
@@ -362,7 +362,7 @@ def test_a_searcher_under_max_concurrent_trials_sees_results_before_it_suggests_
         results = tuner.fit()
     finally:
         scheduler.close()
-    assert results.num_errors == 0 and len(results) == 5
-    assert len(_SUGGESTED_AFTER) == 5
+    assert results.num_errors == 0 and len(results) == 4
+    assert len(_SUGGESTED_AFTER) == 4
     # at most 2 trials live at once: the k-th suggestion (0-based) came after k - 1 trials had completed
     assert all(seen >= k - 1 for k, seen in enumerate(_SUGGESTED_AFTER)), _SUGGESTED_AFTER
