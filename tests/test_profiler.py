@@ -227,3 +227,14 @@ def test_a_trial_that_cannot_be_placed_is_infeasible(ray_local):
     assert result.table.get("p", "ddp", 2).feasible
     row = result.table.get("p", "ddp", 4)
     assert not row.feasible and "no placement for 4 GPU(s) on 1 node(s) within 3 s" in row.reason
+
+
+def test_a_strategy_that_fits_no_gpu_count_says_why_for_each_count():
+    # It gave the first count's reason only: "pipeline needs at least 2 GPUs" on a 2-GPU cluster, where
+    # the reason on 2 GPUs (the model is no nn.Sequential) was the one to fix.
+    from ray_saturn.profiler.profiler import _reasons_by_count
+
+    got = _reasons_by_count({(1, 1): "needs at least 2 GPUs", (2, 1): "needs an nn.Sequential model",
+                             (4, 2): "needs an nn.Sequential model"})
+    assert got == "on 1 GPU: needs at least 2 GPUs; on 2 GPUs, 4 GPUs over 2 nodes: needs an nn.Sequential model"
+    assert _reasons_by_count({}) == "no GPU count fits"

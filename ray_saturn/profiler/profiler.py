@@ -229,6 +229,19 @@ class ProfileResult:
         )
 
 
+def _reasons_by_count(why: Mapping[tuple[int, int], str | None]) -> str:
+    """Each distinct reason a strategy does not apply, with the GPU counts it was given for (the reason
+    on 1 GPU, "needs at least 2 GPUs", alone would hide why the wider counts do not fit either)."""
+    counts: dict[str, list[str]] = {}
+    for (g, n), reason in why.items():
+        if reason:
+            where = f"{g} GPU{'s' if g != 1 else ''}" + (f" over {n} nodes" if n > 1 else "")
+            counts.setdefault(reason, []).append(where)
+    if not counts:
+        return "no GPU count fits"
+    return "; ".join(f"on {', '.join(gs)}: {reason}" for reason, gs in counts.items())
+
+
 class Profiler:
     """Runs the trials (see the module docstring); use :func:`profile` for the one-call form.
 
@@ -361,8 +374,8 @@ class Profiler:
                 if steps:
                     chains[(sig, strat_name)] = LadderWalk(task, sig, strat_name, steps)
                 else:
-                    first = next((r for r in why.values() if r), "no GPU count fits")
-                    log.warning("%s does not apply to %s on any GPU count here: %s", strat_name, task.name, first)
+                    log.warning("%s does not apply to %s on any GPU count here: %s", strat_name, task.name,
+                                _reasons_by_count(why))
         pool = TrialPool(
             self.store,
             dict(self.measure_kw),
