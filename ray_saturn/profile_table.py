@@ -523,6 +523,7 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
     n = table.num_rows
     configs: list[Config] = []
     seen: dict[tuple[str, str, int, int], int] = {}
+    task_steps: dict[str, tuple[int, int]] = {}  # task -> (its steps, the first row that gave them)
     for i in range(n):
         where = f"{source} row {i + 1}"
         task = _cell_str(data["task"][i])
@@ -596,6 +597,14 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
                 f"{gpus} GPUs, {nodes} node(s){on}); keep one row per configuration"
             )
         seen[key] = i
+        first = task_steps.setdefault(task, (steps, i))
+        if first[0] != steps:
+            # steps is the task's (what it trains to the end): rows that differ would make each plan's
+            # runtime depend on the row it picks, and a run train another number of steps on each row.
+            raise ProfileError(
+                f"{where}: steps is {steps}, but row {first[1] + 1} of task {task!r} says {first[0]}; every row of "
+                "a task has its step count (the steps it trains in all): give the same steps on each"
+            )
         configs.append(
             Config(task, strategy, gpus, nodes, step_time, steps, feasible, peak,
                    None if reason in (None, "") else str(reason), **costs, gpu_type=gpu_type)

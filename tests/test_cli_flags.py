@@ -49,7 +49,7 @@ def no_ray(monkeypatch):
         # Rows that disagree with the workload: the run would train other steps, a strategy the task rules
         # out, or fail on its workers after the run started.
         (["run", "{w}", "--storage", "{tmp}/r", "--profile", "{tmp}/steps.csv"],
-         "steps.csv row 2 (task 'm', ddp on 2 GPU(s)): steps is 10, but the workload trains 'm' for 100 steps; "
+         "steps.csv row 1 (task 'm', single on 1 GPU(s)): steps is 10, but the workload trains 'm' for 100 steps; "
          "set steps to 100"),
         (["run", "{w}", "--storage", "{tmp}/r", "--profile", "{tmp}/single2.csv"],
          "single2.csv row 1 (task 'm', single on 2 GPU(s)): single runs on at most 1 GPU(s), not 2"),
@@ -90,7 +90,7 @@ def test_bad_input_is_one_line_before_ray_starts(tmp_path, capsys, no_ray, args,
     (tmp_path / "bad.csv").write_text(head + "m,ddp,abc,1.0,10\n")
     (tmp_path / "other.csv").write_text(head + "a,ddp,1,1.0,10\n")
     (tmp_path / "warp.csv").write_text(head + "m,warp,1,1.0,10\n")
-    (tmp_path / "steps.csv").write_text(head + "m,single,1,1.0,100\nm,ddp,2,0.6,10\n")
+    (tmp_path / "steps.csv").write_text(head + "m,single,1,1.0,10\nm,ddp,2,0.6,10\n")
     (tmp_path / "single2.csv").write_text(head + "m,single,2,1.0,100\n")
     (tmp_path / "ddp.csv").write_text(head + "m,ddp,2,1.0,100\n")
     (tmp_path / "only.py").write_text(

@@ -43,6 +43,9 @@ def test_defaults_for_optional_columns(tmp_path):
         ("task,strategy,gpus,steps\na,ddp,1,3\n", "missing column(s) step_time_s"),
         (HEADER + "a,ddp,1,1,-2,10,true,\n", "row 1: step_time_s is -2.0; it must be a finite number > 0"),
         (HEADER + "a,ddp,1,1,1,10,true,\na,ddp,1,1,2,10,true,\n", "row 2: duplicate of row 1"),
+        # a task's steps are the task's: a plan's runtime would depend on the row it picks
+        (HEADER + "a,ddp,1,1,1,10,true,\nb,ddp,1,1,1,7,true,\na,ddp,2,1,1,20,true,\n",
+         "row 3: steps is 20, but row 1 of task 'a' says 10; every row of a task has its step count"),
         (HEADER + "a,ddp,0,1,1,10,true,\n", "row 1: gpus is 0; give a whole number from 1 to"),
         (HEADER + "a,ddp,1.5,1,1,10,true,\n", "row 1: gpus is 1.5; give a whole number"),
         (HEADER + "a,ddp,4,3,1,10,true,\n", "4 GPUs over 3 nodes do not split evenly"),
