@@ -8,6 +8,37 @@ from ray_saturn import ProfileTable
 
 
 @pytest.fixture
+def no_ray(monkeypatch):
+    """Bad input must be refused before Ray starts: ``ray.init`` fails the test."""
+    import ray
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("bad input must be refused before Ray starts")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+
+
+@pytest.fixture
+def fake_tune(monkeypatch):
+    """The fake Tune class (tune_fakes.py), with the scheduler's Trial class patched to its fake trials."""
+    from tune_fakes import FakeTrial, FakeTune
+
+    import ray_saturn.tune._scheduler as sched
+
+    monkeypatch.setattr(sched, "Trial", FakeTrial)
+    return FakeTune
+
+
+@pytest.fixture
+def no_background(monkeypatch):
+    """Only the hooks' cheap plans (deterministic): nothing is solved in the background."""
+    from ray_saturn.tune import _planner as planner_mod
+
+    monkeypatch.setattr(planner_mod.BackgroundPlanner, "flush", lambda self: setattr(self, "_candidate", None))
+
+
+@pytest.fixture
 def small_profile():
     return ProfileTable.from_rows(
         [

@@ -14,17 +14,6 @@ from ray_saturn.cli import main
 WORKLOAD = "from ray_saturn.toy import mlp_task\ntasks = [mlp_task('m')]\n"
 
 
-@pytest.fixture
-def no_ray(monkeypatch):
-    import ray
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("bad input must be refused before Ray starts")
-
-    monkeypatch.setattr(ray, "init", refuse)
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-
-
 @pytest.mark.parametrize(
     "args, message",
     [

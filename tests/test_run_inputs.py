@@ -22,17 +22,6 @@ WORKLOAD = "from ray_saturn.toy import mlp_task\ntasks = [mlp_task('m', max_step
 PROFILE = "task,strategy,gpus,step_time_s,steps\nm,single,1,0.01,20\n"
 
 
-@pytest.fixture
-def no_ray(monkeypatch):
-    import ray
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("bad input must be refused before Ray starts")
-
-    monkeypatch.setattr(ray, "init", refuse)
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-
-
 def one_line(capsys) -> str:
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err

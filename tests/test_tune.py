@@ -11,6 +11,7 @@ from unittest import mock
 
 import pytest
 import torch
+from tune_fakes import Clock, FakeTrial, FakeTune
 
 from ray_saturn import ClusterSpec, ProfileTable
 from ray_saturn.control import TaskState
@@ -35,100 +36,6 @@ def estimate(config):
         {"strategy": "single", "gpus": 1, "step_time_s": 0.02 * config["width"] / 16, "steps": 24},
         {"strategy": "ddp", "gpus": 2, "step_time_s": 0.004 * config["width"] / 16 + 0.02, "steps": 24},
     ]
-
-
-# ------------------------------------------------------------ a fake Tune around the scheduler
-class FakeTrial:
-    PENDING, RUNNING, PAUSED, TERMINATED, ERROR = "PENDING", "RUNNING", "PAUSED", "TERMINATED", "ERROR"
-
-    def __init__(self, tid, config):
-        self.trial_id, self.config, self.status = tid, dict(config), self.PENDING
-        self.placement_group_factory = None
-
-    def set_status(self, status):
-        self.status = status
-
-    def update_resources(self, pgf):
-        assert self.status != self.RUNNING, "Tune refuses to resize a running trial"
-        self.placement_group_factory = pgf
-
-    def invalidate_json_state(self):
-        pass
-
-    @property
-    def gpus(self):
-        return self.placement_group_factory.required_resources.get("GPU", 0)
-
-
-class FakeTune:
-    """What a scheduler may touch of Tune's controller (its whitelisted interface)."""
-
-    _reuse_actors = False
-
-    def __init__(self, scheduler):
-        self.s, self.trials, self.started = scheduler, {}, []
-
-    def get_trials(self):
-        return list(self.trials.values())
-
-    def _set_trial_status(self, trial, status):
-        trial.status = status
-        if status == FakeTrial.PENDING:
-            self.started.append(trial.trial_id)
-
-    def add(self, tid, config):
-        t = FakeTrial(tid, config)
-        self.trials[tid] = t
-        self.s.on_trial_add(self, t)
-        return t
-
-    def step(self):
-        """One Tune step: the chosen trial and every trial set PENDING start running."""
-        chosen = self.s.choose_trial_to_run(self)
-        if chosen is not None:
-            self.started.append(chosen.trial_id)
-        out = []
-        for tid in self.started:
-            self.trials[tid].status = FakeTrial.RUNNING
-            out.append(tid)
-        self.started = []
-        return out
-
-    def result(self, tid, step, step_time, total=None, pid=None):
-        """A result of trial ``tid``; ``pid``: the actor process it came from (Tune fills it in every result)."""
-        t = self.trials[tid]
-        total = total if total is not None else t.config.get("steps", 100)
-        result = {"saturn_step": step, "saturn_step_time_s": step_time, "saturn_total_steps": total}
-        if pid is not None:
-            result.update(pid=pid, hostname="host-0")
-        return self.s.on_trial_result(self, t, result)
-
-    def complete(self, tid):
-        t = self.trials[tid]
-        t.status = FakeTrial.TERMINATED
-        self.s.on_trial_complete(self, t, {})
-
-
-class Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
-
-
-@pytest.fixture
-def fake_tune(monkeypatch):
-    import ray_saturn.tune._scheduler as sched
-
-    monkeypatch.setattr(sched, "Trial", FakeTrial)
-    return FakeTune
-
-
-@pytest.fixture
-def no_background(monkeypatch):
-    """Only the hooks' cheap plans (deterministic): nothing is solved in the background."""
-    monkeypatch.setattr(planner_mod.BackgroundPlanner, "flush", lambda self: setattr(self, "_candidate", None))
 
 
 @pytest.fixture

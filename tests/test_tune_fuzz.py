@@ -6,25 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tune_fakes import Clock, FakeTrial
 
 from ray_saturn import ClusterSpec, ProfileTable
 from ray_saturn.tune import SaturnScheduler, TrialRejected, TrialTrainingError, trial_decision, trial_rows
 from ray_saturn.tune import _planner as planner_mod
-from tests.test_tune import Clock, FakeTrial, FakeTune  # the fake Tune around the scheduler
-
-
-@pytest.fixture
-def fake_tune(monkeypatch):
-    import ray_saturn.tune._scheduler as sched
-
-    monkeypatch.setattr(sched, "Trial", FakeTrial)
-    return FakeTune
-
-
-@pytest.fixture
-def no_background(monkeypatch):
-    """Only the hooks' cheap plans (deterministic): nothing is solved in the background."""
-    monkeypatch.setattr(planner_mod.BackgroundPlanner, "flush", lambda self: setattr(self, "_candidate", None))
 
 
 def row(**kw):
