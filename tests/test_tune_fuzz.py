@@ -352,3 +352,25 @@ def test_a_searcher_under_max_concurrent_trials_sees_results_before_it_suggests_
     assert len(_SUGGESTED_AFTER) == 4
     # at most 2 trials live at once: the k-th suggestion (0-based) came after k - 1 trials had completed
     assert all(seen >= k - 1 for k, seen in enumerate(_SUGGESTED_AFTER)), _SUGGESTED_AFTER
+
+
+def test_no_background_planner_is_started_when_the_base_scheduler_refuses_the_search(monkeypatch):
+    # Tune never closes a scheduler whose set_search_properties raised: its planner actor was left running.
+    from ray.tune.schedulers import FIFOScheduler
+
+    started = []
+    monkeypatch.setattr(planner_mod.BackgroundPlanner, "start", lambda self: started.append(self))
+
+    class Refusing(FIFOScheduler):
+        def set_search_properties(self, metric, mode, **spec):
+            raise ValueError("metric and mode already set")
+
+    s = SaturnScheduler(lambda c: [row()], base_scheduler=Refusing(), cluster=ClusterSpec.uniform(1, 2))
+    with pytest.raises(ValueError, match="already set"):
+        s.set_search_properties("loss", "min", num_samples=4)
+    assert started == []
+    ok = SaturnScheduler(lambda c: [row()], cluster=ClusterSpec.uniform(1, 2))
+    assert ok.set_search_properties("loss", "min", num_samples=4)
+    assert len(started) == 1
+    ok.close()
+    s.close()

@@ -425,11 +425,12 @@ class SaturnScheduler(TrialScheduler):
             # A bundle no node can hold is never placed: Tune would wait for it for ever.
             check_fits_ray(self._cluster, self._cpus, ray.nodes())
         t0 = time.perf_counter()
-        try:
-            return self._base.set_search_properties(metric, mode, **spec)
-        finally:
-            self._planner.start()
-            self._setup_ms += 1000 * (time.perf_counter() - t0)
+        # The base scheduler first: if it refuses (Tune's metric/mode checks raise), no planner actor
+        # is started, since Tune would never close this scheduler.
+        accepted = self._base.set_search_properties(metric, mode, **spec)
+        self._planner.start()
+        self._setup_ms += 1000 * (time.perf_counter() - t0)
+        return accepted
 
     def on_trial_add(self, tune_controller, trial: Trial) -> None:
         with self._hook("on_trial_add"):
