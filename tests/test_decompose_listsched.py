@@ -1,14 +1,17 @@
-"""The fast multi-node search of serial_schedule gives the same schedules as the plain scan."""
+"""serial_schedule's fast paths (the multi-node search's jumps, fresh nodes considered once per
+size) give the same schedules as the plain scan over every node."""
 
 from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 from helpers import moldable_profile
 
 from ray_saturn.solver import build_problem, listsched
 from ray_saturn.solver.listsched import serial_schedule
+from ray_saturn.spec import ClusterSpec
 
 
 def _plain_first_k_fit(profiles, eligible, r, d, q, k):
@@ -29,11 +32,26 @@ def _no_give_up(self, r, d, q, *_):
     return _FULL_EARLIEST(self, r, d, q)
 
 
-@pytest.mark.parametrize("seed", range(6))
+def _every_node(self, q, k):
+    return [i for i, c in enumerate(self._caps) if c >= q]
+
+
+def _mixed_cluster(rng: random.Random, gpus_per_node: int) -> ClusterSpec:
+    """Many nodes of two or three sizes, interleaved: most of them stay fresh."""
+    sizes = [gpus_per_node, 2 * gpus_per_node, max(1, gpus_per_node // 2)]
+    nodes = [{"name": f"n{i}", "gpus": rng.choice(sizes)} for i in range(rng.randint(20, 60))]
+    return ClusterSpec.from_dict({"nodes": nodes})
+
+
+@pytest.mark.parametrize("seed", range(10))
 def test_serial_schedule_same_as_the_plain_scan(seed, monkeypatch):
     rng = random.Random(seed)
     profile, cluster = moldable_profile(rng.randint(10, 40), rng.randint(2, 6), rng.choice([2, 4]), seed=seed)
+    if seed >= 6:
+        cluster = _mixed_cluster(rng, 4)
     problem = build_problem(profile, cluster)
+    if seed % 2:  # some nodes busy at the start, as in a re-plan (not fresh from 0)
+        problem.node_avail = np.array([rng.choice([0.0, 0.0, rng.uniform(1, 500)]) for _ in problem.node_gpus])
     for _ in range(5):
         choice = [rng.randrange(len(o)) for o in problem.options]
         order = list(range(problem.num_tasks))
@@ -43,6 +61,8 @@ def test_serial_schedule_same_as_the_plain_scan(seed, monkeypatch):
             m.setattr(listsched, "_first_k_fit", _plain_first_k_fit)
             # No early give-up: every node's scan runs to its earliest start.
             m.setattr(listsched._NodeProfile, "earliest", _no_give_up)
+            # Every node large enough is a candidate, fresh or not.
+            m.setattr(listsched._FreshNodes, "eligible", _every_node)
             plain = serial_schedule(problem, choice, order)
         assert fast.start == plain.start and fast.nodes == plain.nodes
     assert any(problem.options[t][c].k > 1 for t, c in enumerate(choice))

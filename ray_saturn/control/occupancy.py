@@ -55,38 +55,50 @@ class Occupancy:
     """
 
     def __init__(self, nodes: Mapping[str, int], running: Iterable[Placement] = ()) -> None:
-        self.used: dict[str, list[int]] = {n: [0] * int(g) for n, g in nodes.items()}
-        self.anonymous: dict[str, int] = dict.fromkeys(nodes, 0)
+        # Sparse: a node's device list exists once something holds one of its devices, so a
+        # ledger of 100,000 idle nodes costs a dict, not a list per node.
+        self.gpus: dict[str, int] = {n: int(g) for n, g in nodes.items()}
+        self._used: dict[str, list[int]] = {}
+        self._zero: dict[str, int] = {}  # devices with no unit held, per node with a device list
+        self.anonymous: dict[str, int] = {}
         for p in running:
             self.take(p, check=False)
 
-    def _zero(self, n: str) -> int:
-        return sum(1 for u in self.used[n] if u == 0)
+    def used(self, n: str) -> list[int]:
+        """Units held on each device of node ``n`` (a copy)."""
+        return list(self._used.get(n) or [0] * self.gpus[n])
+
+    def _devices(self, n: str) -> list[int]:
+        if n not in self._used:
+            self._used[n] = [0] * self.gpus[n]
+            self._zero[n] = self.gpus[n]
+        return self._used[n]
+
+    def _free(self, n: str) -> int:
+        return self._zero.get(n, self.gpus[n]) - self.anonymous.get(n, 0)
 
     def free_gpus(self) -> dict[str, int]:
         """Whole GPUs free per node: devices nothing holds, less the anonymous GPUs."""
-        return {n: self._zero(n) - self.anonymous[n] for n in self.used}
+        return {n: self._free(n) for n in self.gpus}
 
     def has_room(self, n: str) -> bool:
         """True when node ``n`` could take some share now (a device with a free unit)."""
-        return n in self.used and (
-            self.free_gpus()[n] > 0 or any(0 < u < UNITS for u in self.used[n])
-        )
+        return n in self.gpus and (self._free(n) > 0 or any(0 < u < UNITS for u in self._used.get(n, ())))
 
     def fit(self, p: Placement) -> Placement | None:
         """``p`` with the devices it would hold if launched now, or ``None`` if it does not fit."""
-        if any(n not in self.used for n in p.nodes):
+        if any(n not in self.gpus for n in p.nodes):
             return None
         if p.devices is None and not p.is_share:
-            return p if all(self.free_gpus()[n] >= p.per_node for n in p.nodes) else None
+            return p if all(self._free(n) >= p.per_node for n in p.nodes) else None
         q = units_of(p)
         m = 1 if p.is_share else int(p.per_node)
         share = float(p.gpus) if p.is_share else 1.0
         planned = p.device_map() or {}
         chosen: dict[str, list[tuple[int, float]]] = {}
         for n in p.nodes:
-            used = self.used[n]
-            spare_zero = self._zero(n) - self.anonymous[n]  # fresh devices a task may still take
+            used = self._used.get(n) or [0] * self.gpus[n]
+            spare_zero = self._free(n)  # fresh devices a task may still take
             want = [d for d, _ in planned.get(n, ())]
             # Planned devices first, then the fullest that have room, then by index.
             order = sorted(range(len(used)), key=lambda d: (d not in want, -used[d], d))
@@ -112,16 +124,19 @@ class Occupancy:
             if p.is_share:
                 raise SaturnError(f"a {p.gpus} share of one GPU on {list(p.nodes)} names no device")
             for n in p.nodes:
-                if n in self.anonymous:
-                    self.anonymous[n] += int(p.per_node)
+                if n in self.gpus:
+                    self.anonymous[n] = self.anonymous.get(n, 0) + int(p.per_node)
             return
         q = units_of(p)
         for n, ds in p.devices:
-            if n not in self.used:
+            if n not in self.gpus:
                 continue
+            used = self._devices(n)
             for d, _ in ds:
-                if not 0 <= d < len(self.used[n]):
-                    raise SaturnError(f"device {d} is not on node {n!r}, which has {len(self.used[n])} GPUs")
-                self.used[n][d] += q
-                if check and self.used[n][d] > UNITS:
+                if not 0 <= d < len(used):
+                    raise SaturnError(f"device {d} is not on node {n!r}, which has {len(used)} GPUs")
+                if used[d] == 0:
+                    self._zero[n] -= 1
+                used[d] += q
+                if check and used[d] > UNITS:
                     raise SaturnError(f"device {d} of node {n!r} would hold more than one GPU")

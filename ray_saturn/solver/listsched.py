@@ -399,10 +399,12 @@ def serial_schedule(
     n = problem.num_tasks
     dur = list(durations) if durations is not None else problem.durations(list(choice))
     opts = [problem.options[t][choice[t]] for t in range(n)]
-    profiles = [_NodeProfile(int(c)) for c in problem.node_gpus]
+    profiles = _Profiles(problem.node_gpus)
+    fresh = _FreshNodes(problem.node_gpus)
     for i, avail in enumerate(problem.node_avail):
         if avail > 0:
-            profiles[i].add(0.0, float(avail), profiles[i].cap)
+            profiles[i].add(0.0, float(avail), int(problem.node_gpus[i]))
+            fresh.touch(i)
     start = [0.0] * n
     nodes: list[tuple[int, ...]] = [()] * n
     for t, opt in enumerate(opts):
@@ -410,12 +412,13 @@ def serial_schedule(
             nodes[t] = opt.pinned_nodes
             for i in opt.pinned_nodes:
                 profiles[i].add(0.0, dur[t], opt.per_node)
+                fresh.touch(i)
     for t in order:
         opt = opts[t]
         if opt.pinned_nodes is not None:
             continue
         q, k, d, r = opt.per_node, opt.k, dur[t], float(problem.release[t])
-        eligible = [i for i, p in enumerate(profiles) if p.cap >= q]
+        eligible = fresh.eligible(q, k)
         if k == 1:
             best = None
             for i in eligible:
@@ -439,7 +442,67 @@ def serial_schedule(
         nodes[t] = sel
         for i in sel:
             profiles[i].add(s, d, q)
+            fresh.touch(i)
     return Schedule(list(choice), start, nodes, dur)
+
+
+class _Profiles(dict):
+    """Each node's :class:`_NodeProfile`, made when first asked for (most nodes of a large
+    cluster are never looked at: see :class:`_FreshNodes`)."""
+
+    def __init__(self, node_gpus: Sequence[int]) -> None:
+        super().__init__()
+        self._gpus = node_gpus
+
+    def __missing__(self, i: int) -> _NodeProfile:
+        p = self[i] = _NodeProfile(int(self._gpus[i]))
+        return p
+
+
+class _FreshNodes:
+    """The nodes :func:`serial_schedule` may consider for a task, without scanning every node.
+
+    A node nothing was placed on yet (*fresh*) is like every other fresh node
+    of its size: empty at every time, so it fits any task it is large enough
+    for at the task's release, with nothing in use. Of those, the node choice
+    (earliest start, then most GPUs in use, then the lowest index) can only
+    pick the lowest-indexed ``k`` of each size. So the candidates are the
+    touched nodes large enough, plus the first ``k`` fresh nodes of each large
+    enough size: the same choice as scanning all nodes, at a cost that does
+    not grow with idle nodes (a cluster of 100,000 nodes).
+    """
+
+    __slots__ = ("_by_size", "_caps", "_next", "_touched")
+
+    def __init__(self, node_gpus: Sequence[int]) -> None:
+        self._caps = [int(c) for c in node_gpus]
+        self._by_size: dict[int, list[int]] = {}
+        for i, c in enumerate(self._caps):
+            self._by_size.setdefault(c, []).append(i)
+        self._next = dict.fromkeys(self._by_size, 0)  # fresh nodes of a size before this are touched
+        self._touched: set[int] = set()
+
+    def touch(self, i: int) -> None:
+        self._touched.add(i)
+
+    def eligible(self, q: int, k: int) -> list[int]:
+        out = [i for i in self._touched if self._caps[i] >= q]
+        for cap, idx in self._by_size.items():
+            if cap < q:
+                continue
+            j = self._next[cap]
+            while j < len(idx) and idx[j] in self._touched:
+                j += 1
+            self._next[cap] = j
+            taken = 0
+            for i in idx[j:]:
+                if taken == k:
+                    break
+                if i not in self._touched:
+                    out.append(i)
+                    taken += 1
+        out.sort()
+        return out
 
 
 def _first_k_fit(profiles, eligible, r: float, d: float, q: int, k: int) -> tuple[float, tuple[int, ...]] | None:
