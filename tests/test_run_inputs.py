@@ -92,6 +92,46 @@ def test_ctrl_c_during_a_run_stops_its_driver_and_says_how_to_resume(tmp_path, c
     assert not (run / "lease.json").exists(), "the folder's lock is released for resume"
 
 
+def test_ctrl_c_before_the_driver_starts_says_what_the_folder_holds(tmp_path, capsys, monkeypatch):
+    # Ctrl-C while `run` joined Ray or profiled, while `emulate` started its cluster, or while `resume` started
+    # the driver: each said only "interrupted", with no word of whether anything was written or how to go on.
+    import contextlib
+
+    from ray_saturn import profiler
+    from ray_saturn.runtime import api, emulation
+    from ray_saturn.spec import ClusterSpec
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "connected", contextlib.nullcontext)
+    monkeypatch.setattr(ClusterSpec, "from_ray", classmethod(lambda cls, *a, **k: ClusterSpec.uniform(1, 1)))
+    monkeypatch.setattr(profiler, "profile", interrupted)
+    (tmp_path / "w.py").write_text(WORKLOAD)
+    (tmp_path / "p.csv").write_text(PROFILE)
+    run = tmp_path / "run"
+    assert main(["run", str(tmp_path / "w.py"), "--storage", str(run)]) == 130
+    err = one_line(capsys)
+    assert f"ray-saturn run: interrupted before the run started; nothing was written to {run}: " \
+           "run `ray-saturn run` again to start it" in err, err
+    assert not (run / RUN_FILE).exists() and not (run / "lease.json").exists()
+
+    monkeypatch.setattr(emulation, "emulated_cluster", interrupted)  # Ray's local cluster starting
+    emulate = ["emulate", str(tmp_path / "p.csv"), "--nodes", "1", "--gpus-per-node", "1", "--time-scale", "0.01"]
+    assert main([*emulate, "--storage", str(run)]) == 130
+    err = one_line(capsys)
+    assert f"ray-saturn emulate: interrupted before the run's driver started; nothing was trained yet: " \
+           f"`ray-saturn resume {run}` starts it" in err, err
+    assert (run / RUN_FILE).exists() and not (run / "lease.json").exists()
+
+    monkeypatch.setattr(api, "emulated_context", interrupted)
+    assert main(["resume", str(run)]) == 130
+    err = one_line(capsys)
+    assert f"ray-saturn resume: interrupted before the run went on; {run} keeps what it did: " \
+           f"`ray-saturn resume {run}` continues it" in err, err
+    assert not (run / "lease.json").exists()
+
+
 class _Frozen(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -40,6 +40,7 @@ __all__ = [
     "connected",
     "driver_name",
     "end_orphaned_driver",
+    "interrupts_named",
     "is_driver_class",
     "prepare_run",
     "start_driver",
@@ -244,6 +245,37 @@ class DriverLost(SaturnError):
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C while a run went: its driver is stopped and the run folder stays resumable (the message
     names it). A ``KeyboardInterrupt``, so an interrupt still ends whatever called the run."""
+
+
+@contextlib.contextmanager
+def interrupts_named(storage: RunStorage, command: str) -> Iterator[None]:
+    """Ctrl-C before the driver runs (joining Ray, profiling, starting the cluster or the driver)
+    becomes a :class:`RunInterrupted` that says what the folder holds and how to go on: nothing
+    when the run's settings were not written yet (run the command again), else ``resume``. Once
+    the driver runs, :func:`wait_for_driver` says it."""
+    try:
+        yield
+    except RunInterrupted:
+        raise
+    except KeyboardInterrupt:
+        uri = storage.display
+        try:
+            started = Journal(storage).has_settings()
+        except Exception:  # a storage error here must not hide the interrupt
+            started = False
+        if command == "resume":
+            raise RunInterrupted(
+                f"interrupted before the run went on; {uri} keeps what it did: `ray-saturn resume {uri}` continues it"
+            ) from None
+        if started:
+            raise RunInterrupted(
+                f"interrupted before the run's driver started; nothing was trained yet: "
+                f"`ray-saturn resume {uri}` starts it"
+            ) from None
+        raise RunInterrupted(
+            f"interrupted before the run started; nothing was written to {uri}: "
+            f"run `ray-saturn {command}` again to start it"
+        ) from None
 
 
 def wait_for_driver(actor: Any, ref: Any, *, lease: RunLease, journal: Journal) -> DriverResult:

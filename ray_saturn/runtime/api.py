@@ -30,6 +30,7 @@ from ray_saturn.runtime.actor import (
     connected,
     driver_name,
     end_orphaned_driver,
+    interrupts_named,
     prepare_run,
     start_driver,
     wait_for_driver,
@@ -121,7 +122,7 @@ def run(
         workload_digest=digest,
     )
     check_new_run_folder(store)  # a folder that holds a run: refused before its lock is touched
-    with RunLease(store, command="run", run_name=settings.name).held() as lease:
+    with RunLease(store, command="run", run_name=settings.name).held() as lease, interrupts_named(store, "run"):
         check_new_run_folder(store, ours=lease)  # before profiling, not after
         with connected():
             live = ClusterSpec.from_ray()
@@ -200,7 +201,7 @@ def resume(
             raise SpecError(f"{what}; a resumed run trains the tasks it started with, as its profile says: pass "
                             "the workload it started with (or start a new run)") from None
         task_map = {t.name: t for t in task_list}
-    with RunLease(store, command="resume", run_name=settings.name).held() as lease:
+    with RunLease(store, command="resume", run_name=settings.name).held() as lease, interrupts_named(store, "resume"):
         state = _resume_state(journal, settings, lease)
         if settings is not recorded:  # a workload file passed explicitly: the run's workload from now on
             journal.write_settings(settings.to_dict())

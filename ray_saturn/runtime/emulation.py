@@ -24,7 +24,13 @@ from typing import Any
 from ray_saturn import defaults
 from ray_saturn.errors import SaturnError, SpecError
 from ray_saturn.profile_table import ProfileTable
-from ray_saturn.runtime.actor import check_new_run_folder, prepare_run, start_driver, wait_for_driver
+from ray_saturn.runtime.actor import (
+    check_new_run_folder,
+    interrupts_named,
+    prepare_run,
+    start_driver,
+    wait_for_driver,
+)
 from ray_saturn.runtime.config import DriverConfig, RunSettings, check_policy, emulation_config
 from ray_saturn.runtime.journal import RUN_FILE, Journal
 from ray_saturn.runtime.lease import RunLease
@@ -338,7 +344,7 @@ def emulate(
         storage = tempfile.mkdtemp(prefix="ray-saturn-emulate-")
     store = RunStorage(storage)
     check_new_run_folder(store)  # a folder that holds a run: refused before its lock is touched
-    with RunLease(store, command="emulate", run_name=name).held() as lease:
+    with RunLease(store, command="emulate", run_name=name).held() as lease, interrupts_named(store, "emulate"):
         prepare_run(store, settings, table)
         ctx = (contextlib.nullcontext() if use_running_ray
                else emulated_cluster(nodes, gpus_per_node, gpu_types=gpu_types))
