@@ -11,8 +11,9 @@ Example:
     >>> from ray_saturn.runtime.journal import STATE_FILE
     >>> d = pathlib.Path(tempfile.mkdtemp())
     >>> seg = {"strategy": "ddp", "gpus": 2, "nodes": ["node-0"], "start_s": 0.0, "end_s": 9.5}
-    >>> _ = (d / STATE_FILE).write_text(json.dumps({"replans": 1, "moves": 0, "tasks": {
-    ...     "a": {"state": "finished", "loss": 1.25, "steps_done": 10, "total_steps": 10, "segments": [seg]}}}))
+    >>> _ = (d / STATE_FILE).write_text(json.dumps({"driver_state": "finished", "replans": 1, "moves": 0, "tasks": {
+    ...     "a": {"task": "a", "state": "finished", "loss": 1.25, "steps_done": 10, "total_steps": 10,
+    ...           "segments": [seg]}}}))
     >>> report = RunReport.from_run_dir(d)
     >>> report.realised_makespan_s, report.tasks[0].final_loss
     (9.5, 1.25)

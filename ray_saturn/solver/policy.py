@@ -10,7 +10,7 @@ policy is built, so a typo or a wrong type is an error, never ignored.
 
 Example:
     >>> get_policy("saturn", deterministic=True).options
-    SaturnOptions(deterministic=True)
+    SaturnOptions(deterministic=True, objective='makespan', gap=0.0, area_weight=0.0)
     >>> get_policy("fifo-min-gpus", deterministic=True)
     Traceback (most recent call last):
     ...

@@ -12,7 +12,7 @@ Example:
     'gpt-w32-lr0.003'
     >>> model = task.model(task.hparams)
     >>> batch = next(iter(task.data(task.hparams)))
-    >>> float(task.loss(model(batch[0]), batch)) > 0
+    >>> float(task.loss(model(batch[0]), batch).detach()) > 0
     True
 """
 
