@@ -91,7 +91,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_STEP_RE = re.compile(r"^step-(\d{9})$")
+_STEP_RE = re.compile(r"step-([0-9]{9})")  # fullmatch: ASCII digits, no trailing newline
 META_FILE = "meta.json"
 DCP_METADATA_FILE = ".metadata"
 CORRUPT_NOTE = "corrupt.json"
@@ -151,11 +151,11 @@ def _step_folder(store: RunStorage, path: str | os.PathLike[str]) -> str:
     loc = os.fspath(path)
     if store.local:
         real, root = os.path.realpath(loc), os.path.realpath(store.path)
-        if os.path.dirname(real) != root or not _STEP_RE.match(os.path.basename(real)):
+        if os.path.dirname(real) != root or not _STEP_RE.fullmatch(os.path.basename(real)):
             raise CheckpointError(f"{loc} is outside the checkpoint folder {root}; refusing to use it")
         return os.path.basename(real)
     name = posixpath.basename(loc.split("?")[0].rstrip("/"))
-    if not _STEP_RE.match(name) or child_uri(store.uri, name) != loc:
+    if not _STEP_RE.fullmatch(name) or child_uri(store.uri, name) != loc:
         raise CheckpointError(f"{loc} is outside the checkpoint folder {store.display}; refusing to use it")
     return name
 
@@ -165,7 +165,7 @@ def _listing(store: RunStorage) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for st in store.list(recursive=True):
         top, _, rest = st.name.partition("/")
-        if not _STEP_RE.match(top):
+        if not _STEP_RE.fullmatch(top):
             continue
         if store.local and os.path.islink(store.join(top)):
             continue  # a symlinked checkpoint is not followed
@@ -304,7 +304,7 @@ def checkpoints(checkpoint_dir: str | os.PathLike[str] | RunStorage) -> list[Che
     store = _store(checkpoint_dir)
     out = []
     for folder, files in sorted(_listing(store).items(), reverse=True):
-        step = int(_STEP_RE.match(folder).group(1))  # type: ignore[union-attr]
+        step = int(_STEP_RE.fullmatch(folder).group(1))  # type: ignore[union-attr]
         out.append(CheckpointStatus(step, store.uri_of(folder), _problem(store, folder, files)))
     return out
 
