@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ray_saturn.runtime.storage import StorageError
 from ray_saturn.strategies import WorkerContext, get_strategy, train_worker
 from ray_saturn.strategies.checkpoint import (
     CheckpointError,
@@ -142,6 +143,29 @@ def test_paths_stay_inside_the_checkpoint_folder(tmp_path):
     with pytest.raises(CheckpointError, match="outside the checkpoint folder"):
         load_checkpoint(outside / "step-000000002", runner.module, runner.optimizer, inside)
     assert os.path.dirname(checkpoint_path(inside, 3)) == str(inside)
+
+
+def test_links_inside_a_checkpoint_are_not_followed(tmp_path):
+    """A shard or meta.json of a checkpoint linked to a file elsewhere was read through the link (the checkpoint
+    counted as intact and loaded); re-writing a step whose folder is a link deleted <elsewhere>/meta.json."""
+    task = mlp_task()
+    d, outside = tmp_path / "ckpt", tmp_path / "outside"
+    losses_of(task, "single", d, 2)
+    outside.mkdir()
+    newest = Path(latest_checkpoint(d))
+    shard = _distcp(newest)
+    shard.rename(outside / shard.name)
+    shard.symlink_to(outside / shard.name)
+    assert latest_step(d) is None  # not intact: nothing is read through the link
+    runner = get_strategy("single").prepare(build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu")))
+    with pytest.raises(CheckpointError, match="symbolic link"):
+        load_checkpoint(newest, runner.module, runner.optimizer, d)
+    (outside / "meta.json").write_text("mine")
+    os.symlink(outside, d / "step-000000004")
+    with pytest.raises(StorageError, match="symbolic link"):
+        save_checkpoint(d, runner.module, runner.optimizer, step=4, data_position=4, strategy="single", task="t")
+    assert (outside / "meta.json").read_text() == "mine"
+    assert sorted(p.name for p in outside.iterdir()) == sorted([shard.name, "meta.json"])
 
 
 def test_checkpoint_of_another_model_is_a_clear_error(tmp_path):

@@ -255,6 +255,11 @@ def _problem(store: RunStorage, folder: str, files: dict[str, int]) -> str | Non
     """Why the checkpoint ``folder`` (whose files and sizes are ``files``) cannot be trusted; ``None`` if intact."""
     if META_FILE not in files:
         return "incomplete: no meta.json (the write did not finish)"
+    if store.local:  # every file of a checkpoint is in it: a link is not followed (it may lead anywhere)
+        with contextlib.suppress(OSError):
+            links = sorted(e.name for e in os.scandir(store.join(folder)) if e.is_symlink())
+            if links:
+                return f"{links[0]} is a symbolic link; a checkpoint's files must be in its folder (not followed)"
     if CORRUPT_NOTE in files:
         try:
             note = store.read_json(f"{folder}/{CORRUPT_NOTE}")
@@ -357,6 +362,9 @@ def _dcp_fs(store: RunStorage) -> Any:
         def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[Any]:
             path = os.fspath(path)
             if store.local:
+                root = os.path.realpath(store.path)
+                if not os.path.realpath(path).startswith(root.rstrip(os.sep) + os.sep):
+                    raise CheckpointError(f"{path}: a symbolic link leads out of the checkpoint folder {root}")
                 with open(path, mode) as f:
                     yield f
             elif "w" in mode:
