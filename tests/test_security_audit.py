@@ -29,3 +29,15 @@ def test_status_prints_what_a_crafted_state_holds_without_terminal_control_chara
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and "\r" not in out
     assert "\\x1b[2J" in out and not any(line.startswith("run: finished") for line in out.splitlines())
+
+
+def test_a_stray_file_among_emulated_checkpoints_is_not_a_step(tmp_path):
+    # "step-x.json" (or one with non-ASCII digits) in a task's emulated/ folder raised ValueError from
+    # int() wherever the step was read: the driver's progress and resume.
+    from ray_saturn.runtime.emulated import latest_emulated_step
+
+    folder = tmp_path / "emulated"
+    folder.mkdir()
+    for name in ("step-000000000007.json", "step-x.json", "step-\u0661\u0662.json", "step-.json"):
+        (folder / name).write_text("{}")
+    assert latest_emulated_step(str(tmp_path)) == 7
