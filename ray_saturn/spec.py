@@ -33,9 +33,9 @@ __all__ = [
     "ray_node_gpu_type",
 ]
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=@,-]*$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=@,-]*")  # fullmatch: "$" would let a trailing newline in
 _MAX_NAME = 128
-_TYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_TYPE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 #: The keys a node of a cluster JSON file may carry (``ClusterSpec.to_dict`` writes these).
 _NODE_KEYS = ("name", "gpus", "gpu_type", "node_id")
 #: Ray's resource-name prefix and node label for a node's accelerator type.
@@ -58,7 +58,7 @@ def check_name(name: object, what: str = "task name") -> str:
         raise SpecError(f"{what} {name!r} must be a non-empty string")
     if len(name) > _MAX_NAME:
         raise SpecError(f"{what} {name[:20]!r}... is {len(name)} characters; use at most {_MAX_NAME}")
-    if not _NAME_RE.match(name) or name in (".", ".."):
+    if not _NAME_RE.fullmatch(name) or name in (".", ".."):
         raise SpecError(
             f"{what} {name!r} is not allowed: use letters, digits and . _ + = @ , - "
             "only, starting with a letter or digit (no '/', '..', spaces or NUL)"
@@ -91,7 +91,7 @@ def check_gpu_type(value: object, what: str = "gpu_type") -> str | None:
     value = value.strip()
     if not value:
         return None
-    if not _TYPE_RE.match(value):
+    if not _TYPE_RE.fullmatch(value):
         raise SpecError(f"{what} is {value!r}; use letters, digits and . _ - only (e.g. A100, H100-80GB)")
     return value
 

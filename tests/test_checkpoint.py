@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ray_saturn.runtime.storage import StorageError
 from ray_saturn.strategies import WorkerContext, get_strategy, train_worker
 from ray_saturn.strategies.checkpoint import (
     CheckpointError,
@@ -144,6 +145,29 @@ def test_paths_stay_inside_the_checkpoint_folder(tmp_path):
     assert os.path.dirname(checkpoint_path(inside, 3)) == str(inside)
 
 
+def test_links_inside_a_checkpoint_are_not_followed(tmp_path):
+    """A shard or meta.json of a checkpoint linked to a file elsewhere was read through the link (the checkpoint
+    counted as intact and loaded); re-writing a step whose folder is a link deleted <elsewhere>/meta.json."""
+    task = mlp_task()
+    d, outside = tmp_path / "ckpt", tmp_path / "outside"
+    losses_of(task, "single", d, 2)
+    outside.mkdir()
+    newest = Path(latest_checkpoint(d))
+    shard = _distcp(newest)
+    shard.rename(outside / shard.name)
+    shard.symlink_to(outside / shard.name)
+    assert latest_step(d) is None  # not intact: nothing is read through the link
+    runner = get_strategy("single").prepare(build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu")))
+    with pytest.raises(CheckpointError, match="symbolic link"):
+        load_checkpoint(newest, runner.module, runner.optimizer, d)
+    (outside / "meta.json").write_text("mine")
+    os.symlink(outside, d / "step-000000004")
+    with pytest.raises(StorageError, match="symbolic link"):
+        save_checkpoint(d, runner.module, runner.optimizer, step=4, data_position=4, strategy="single", task="t")
+    assert (outside / "meta.json").read_text() == "mine"
+    assert sorted(p.name for p in outside.iterdir()) == sorted([shard.name, "meta.json"])
+
+
 def test_checkpoint_of_another_model_is_a_clear_error(tmp_path):
     losses_of(mlp_task(width=32), "single", tmp_path, 2)
     with pytest.raises(CheckpointError, match="does not fit"):
@@ -220,3 +244,67 @@ def test_no_intact_checkpoint_starts_over_and_a_misfit_stays_an_error(tmp_path):
     with pytest.raises(CheckpointError, match="does not fit"):  # a mismatch is not "corrupt": never skipped
         losses_of(mlp_task(width=64), "single", d, 4)
     assert latest_step(d) == 2
+
+
+def _pickle4_call(module: str, name: str, arg: str) -> bytes:
+    """A protocol-4 pickle that calls ``module``'s attribute ``name`` (dotted names resolve attribute by
+    attribute) with one string argument."""
+    def s(text: str) -> bytes:
+        b = text.encode()
+        return b"\x8c" + bytes([len(b)]) + b
+
+    return b"\x80\x04" + s(module) + s(name) + b"\x93" + s(arg) + b"\x85R."
+
+
+def test_metadata_with_a_dotted_name_cannot_reach_what_an_allowed_module_imported(tmp_path):
+    # torch.distributed.checkpoint.filesystem imports os: "os.system" in it is os.system itself.
+    task = mlp_task()
+    losses_of(task, "single", tmp_path, 2)
+    target = tmp_path / "pwned"
+    path = Path(latest_checkpoint(tmp_path))
+    (path / ".metadata").write_bytes(
+        _pickle4_call("torch.distributed.checkpoint.filesystem", "os.system", f"touch {target}")
+    )
+    assert latest_step(tmp_path) is None  # verifying it (what progress and resume do) runs nothing
+    runner = get_strategy("single").prepare(build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu")))
+    with pytest.raises(CheckpointError, match="not allowed"):
+        load_checkpoint(path, runner.module, runner.optimizer, tmp_path)
+    assert not target.exists()
+
+
+def _with_pickled_entry(path: Path, fqn: str, payload: bytes) -> None:
+    """Rewrite the checkpoint at ``path`` so that ``fqn`` is a non-tensor (pickled) entry holding ``payload``."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+
+    md = pickle.loads((path / ".metadata").read_bytes())
+    (path / "extra.distcp").write_bytes(payload)
+    md.state_dict_metadata[fqn] = BytesStorageMetadata()
+    md.storage_data[MetadataIndex(fqn)] = _StorageInfo("extra.distcp", 0, len(payload))
+    (path / ".metadata").write_bytes(pickle.dumps(md))
+
+
+def test_a_non_tensor_entry_in_a_checkpoint_is_never_unpickled(tmp_path, monkeypatch):
+    # DCP loads a non-tensor entry with torch.load(weights_only=False): a pickle that runs code.
+    from ray_saturn.strategies import checkpoint as ckpt
+
+    task = mlp_task()
+    losses_of(task, "single", tmp_path, 2)
+    target = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {target}",))
+
+    path = Path(latest_checkpoint(tmp_path))
+    runner = get_strategy("single").prepare(build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu")))
+    fqn = next(iter(runner.module.state_dict()))
+    _with_pickled_entry(path, f"model.{fqn}", pickle.dumps(Evil()))
+    assert latest_step(tmp_path) is None  # verification refuses the entry's class
+    assert ckpt.load_latest(tmp_path, runner.module, runner.optimizer) is None
+    # and loading itself refuses the entry, should the metadata get past verification
+    monkeypatch.setitem(ckpt._SAFE_CLASSES, "torch.distributed.checkpoint.metadata",
+                        ckpt._SAFE_CLASSES["torch.distributed.checkpoint.metadata"] | {"BytesStorageMetadata"})
+    with pytest.raises(CheckpointError):
+        load_checkpoint(path, runner.module, runner.optimizer, tmp_path)
+    assert not target.exists()

@@ -11,7 +11,8 @@ from ray_saturn import ClusterSpec, NodeSpec, SpecError, Task
 from ray_saturn.spec import check_name
 
 
-@pytest.mark.parametrize("bad", ["", "..", ".", "a/b", "../x", "a\x00b", "-rf", ".hidden", "a b", "x" * 200, 7])
+@pytest.mark.parametrize("bad", ["", "..", ".", "a/b", "../x", "a\x00b", "-rf", ".hidden", "a b", "x" * 200, 7,
+                                 "a\n", "a\nb", "a\r", "a\\b", "/abs", "\uff41", "a\u2215b", "a\u2024\u2024"])
 def test_names_that_could_escape_a_folder_are_rejected(bad):
     with pytest.raises(SpecError):
         check_name(bad)
@@ -20,6 +21,17 @@ def test_names_that_could_escape_a_folder_are_rejected(bad):
 @pytest.mark.parametrize("good", ["bert-4", "gpt_lr1e-3", "a.b", "x+y=z", "A9"])
 def test_ordinary_names_pass(good):
     assert check_name(good) == good
+
+
+def test_a_task_named_with_a_trailing_newline_is_refused(tmp_path):
+    # "$" in a regular expression also matches before a final newline: "a\n" passed for a task name.
+    from ray_saturn.runtime.storage import RunStorage
+
+    with pytest.raises(SpecError):
+        make_task(name="bert\n")
+    with pytest.raises(SpecError):
+        RunStorage(tmp_path).task_dir("bert\n")
+    assert not (tmp_path / "tasks").exists()
 
 
 def make_task(**kw):

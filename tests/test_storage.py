@@ -151,6 +151,36 @@ def test_writes_do_not_follow_links_out_of_the_run_folder(tmp_path):
         store.task_dir("c")
 
 
+def test_reads_and_deletes_do_not_follow_links_out_of_the_run_folder(tmp_path):
+    """Reads (state.json, run.json, a checkpoint's meta.json) followed a link out of the run folder, and a
+    delete through a linked folder removed the file it led to (a checkpoint step folder linked elsewhere:
+    re-writing that step deleted <elsewhere>/meta.json). Both are refused now; the target is untouched."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.json").write_text('{"token": "s3cr3t"}')
+    (outside / "meta.json").write_text("mine")
+    store = RunStorage(tmp_path / "run")
+    run = tmp_path / "run"
+    (run / "state.json").symlink_to(outside / "secret.json")
+    (run / "step").symlink_to(outside)
+    out = "a symbolic link leads out of the run folder"
+    with pytest.raises(StorageError, match=f"state.json: {out}"):
+        store.read_json("state.json")
+    with pytest.raises(StorageError, match=out):
+        store.read_bytes("step/secret.json")
+    with pytest.raises(StorageError, match=out), store.open_input("step/secret.json"):
+        pass
+    with pytest.raises(StorageError, match=out):
+        store.delete("step/meta.json", missing_ok=True)
+    assert (outside / "meta.json").read_text() == "mine"
+    # A link in a file's own place is removed, not what it leads to; links inside the folder are read.
+    store.delete("state.json")
+    assert not (run / "state.json").is_symlink() and (outside / "secret.json").exists()
+    store.write_json("a.json", {"x": 1})
+    (run / "b.json").symlink_to(run / "a.json")
+    assert store.read_json("b.json") == {"x": 1}
+
+
 def test_uris_keep_their_options_and_hide_secrets():
     uri = "s3://b/run?endpoint_override=h:9000&scheme=http&secret_key=SECRET&access_key=AK"
     assert child_uri(uri, "tasks", "a") == (

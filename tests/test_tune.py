@@ -7,6 +7,7 @@ import functools
 import logging
 import threading
 import time
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -775,6 +776,19 @@ def test_one_gpu_trial_trains_in_process_and_resumes_without_repeating(monkeypat
     again = _train(monkeypatch, {"_saturn": {"strategy": "single", "gpus": 1}}, FakeSession(first.reports[1][1]))
     assert [m["saturn_step"] for m, _ in again.reports] == [12]
     assert again.reports[0][0]["loss"] == pytest.approx(first.reports[2][0]["loss"], rel=1e-4)
+
+
+def test_a_trial_checkpoint_with_a_linked_file_is_not_followed(monkeypatch, tmp_path):
+    # The trial copied Tune's checkpoint with copytree's default (links followed): a shard linked to any
+    # file of the node was copied in as the file's bytes, loaded, and reported back into Tune's storage.
+    first = _train(monkeypatch, {"_saturn": {"strategy": "single", "gpus": 1}}, FakeSession())
+    ckpt = first.reports[1][1]
+    (shard,) = [p for p in Path(ckpt.path).rglob("*.distcp")]
+    elsewhere = tmp_path / "elsewhere.bin"
+    shard.rename(elsewhere)
+    shard.symlink_to(elsewhere)
+    again = _train(monkeypatch, {"_saturn": {"strategy": "single", "gpus": 1}}, FakeSession(ckpt))
+    assert [m["saturn_step"] for m, _ in again.reports] == [4, 8, 12]  # not resumed through the link
 
 
 def test_multi_gpu_trial_that_finishes_ends_cleanly(monkeypatch):

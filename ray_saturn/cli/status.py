@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import unicodedata
 
 from ray_saturn.cli.args import json_stream
 from ray_saturn.runtime.api import run_status
@@ -48,22 +49,35 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _printable(text: str) -> str:
+    """``text`` with control and format characters shown escaped: the run folder's files (task names,
+    reasons, the lock's owner) must not move the cursor, clear the screen or forge lines in a terminal."""
+    return "".join(
+        c if not unicodedata.category(c).startswith("C") else c.encode("unicode_escape").decode("ascii")
+        for c in text
+    )
+
+
+def _say(line: str) -> None:
+    print(_printable(line))
+
+
 def _print(state: dict) -> None:
     tasks = state.get("tasks", {})
     w = max([4] + [len(t) for t in tasks])
-    print(state["driver"]["note"])
+    _say(state["driver"]["note"])
     source = state.get("state_source")
     if source != "state.json":
         problems = "; ".join(state.get("state_problems") or [])
         shown = f"showing {source}" if source else "no state to show yet"
-        print(f"state: {problems + '; ' if problems else ''}{shown}")
-    print(
+        _say(f"state: {problems + '; ' if problems else ''}{shown}")
+    _say(
         f"run: {RunOutcome.of(state.get('driver_state'), {t: r.get('state') for t, r in tasks.items()}).headline}"
         f"  t={state.get('time_s', 0):.0f} s  "
         f"re-plans {state.get('replans', 0)}  moves {state.get('moves', 0)}"
         + (f"  ({state['reason']})" if state.get("reason") else "")
     )
-    print(
+    _say(
         f"{'task':<{w}}  {'state':<10} {'strategy':<14} {'gpus':>4}  "
         f"{'progress':>17}  {'eta':>9}  nodes"
     )
@@ -83,4 +97,4 @@ def _print(state: dict) -> None:
         )
         if t["state"] == "failed" and t.get("reason"):
             line += f"  reason: {t['reason']}"
-        print(line)
+        _say(line)

@@ -69,8 +69,9 @@ def latest_emulated_step(checkpoint_dir: str) -> int:
     steps = []
     for info in fs.get_file_info(sel):
         name = info.base_name
-        if name.startswith("step-") and name.endswith(".json"):
-            steps.append(int(name[5:-5]))
+        digits = name[5:-5]
+        if name.startswith("step-") and name.endswith(".json") and digits.isascii() and digits.isdigit():
+            steps.append(int(digits))  # another file of that shape (step-x.json) is not a checkpoint
     return max(steps, default=0)
 
 

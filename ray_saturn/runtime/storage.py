@@ -45,9 +45,9 @@ What the operations promise:
 
 Every path is built from validated parts (:meth:`RunStorage.join` refuses
 ``..``, empty parts and absolute parts), so nothing can escape the root; on
-a local disk a write through a symbolic link that leads out of the root
-(``events.jsonl`` or a task's checkpoint folder linked elsewhere) is refused
-too, in one line.
+a local disk a read, write or delete through a symbolic link that leads out
+of the root (``events.jsonl``, ``state.json`` or a task's checkpoint folder
+linked elsewhere) is refused too, in one line.
 The names of the files in a run folder are defined in
 :mod:`ray_saturn.runtime.journal`; the checkpoint folders in
 :data:`TASKS_DIR` and :data:`CHECKPOINTS_DIR` here.
@@ -525,7 +525,8 @@ class RunStorage:
         """Delete the file ``name``."""
         self._appended.pop(name, None)
         try:
-            self._call("delete", lambda: self.fs.delete_file(self.join(name)), name)
+            target = self._inside(name, follow=False)  # a link in its place is removed, not what it leads to
+            self._call("delete", lambda: self.fs.delete_file(target), name)
         except FileNotFoundError:
             if not missing_ok:
                 raise StorageError(f"{self.display}/{name}: cannot delete, it does not exist") from None
@@ -565,7 +566,7 @@ class RunStorage:
 
     def read_bytes(self, name: str) -> bytes:
         """The whole content of ``name``: one version of it, even while another process replaces it."""
-        path = self.join(name)
+        path = self._inside(name)  # never read what a link leads to outside the folder
 
         def go() -> bytes:
             if self.fs.type_name == "s3":
@@ -624,7 +625,8 @@ class RunStorage:
     @contextlib.contextmanager
     def open_input(self, name: str) -> Iterator[Any]:
         """A random-access file of ``name`` (``seek``/``read``)."""
-        f = self._call("read", lambda: self.fs.open_input_file(self.join(name)), name)
+        path = self._inside(name)
+        f = self._call("read", lambda: self.fs.open_input_file(path), name)
         try:
             yield f
         finally:

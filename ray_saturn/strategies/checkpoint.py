@@ -34,14 +34,16 @@ checkpoint. Re-writing a step first removes its ``meta.json``.
 
 Trust nothing read back (issue 16): before a checkpoint is used it is
 *verified*: ``meta.json`` parses and names this step, DCP's metadata
-unpickles with an unpickler that only accepts DCP's own metadata classes,
+unpickles with an unpickler that only accepts DCP's own metadata classes
+(named exactly: no dotted names, no entry for a non-tensor value),
 and every file the metadata names is present and at least as long as the
 byte ranges it lists. A checkpoint that fails (truncated shard, missing
 file, torn metadata), or whose tensors fail to read, is skipped with a
 warning that says which and why (a ``corrupt.json`` note is left in it) and
 the newest intact one is used instead; :func:`latest_step` (what the driver
 reports as progress) counts only intact checkpoints. Tensors are read with
-``torch.load(weights_only=True)`` (by DCP); every path stays under the given
+``torch.load(weights_only=True)`` (by DCP); a non-tensor entry, which DCP
+would ``torch.load`` with ``weights_only=False``, is refused; every path stays under the given
 folder (names are built from step numbers; local symlinks are not followed).
 
 Example:
@@ -89,7 +91,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_STEP_RE = re.compile(r"^step-(\d{9})$")
+_STEP_RE = re.compile(r"step-([0-9]{9})")  # fullmatch: ASCII digits, no trailing newline
 META_FILE = "meta.json"
 DCP_METADATA_FILE = ".metadata"
 CORRUPT_NOTE = "corrupt.json"
@@ -149,11 +151,11 @@ def _step_folder(store: RunStorage, path: str | os.PathLike[str]) -> str:
     loc = os.fspath(path)
     if store.local:
         real, root = os.path.realpath(loc), os.path.realpath(store.path)
-        if os.path.dirname(real) != root or not _STEP_RE.match(os.path.basename(real)):
+        if os.path.dirname(real) != root or not _STEP_RE.fullmatch(os.path.basename(real)):
             raise CheckpointError(f"{loc} is outside the checkpoint folder {root}; refusing to use it")
         return os.path.basename(real)
     name = posixpath.basename(loc.split("?")[0].rstrip("/"))
-    if not _STEP_RE.match(name) or child_uri(store.uri, name) != loc:
+    if not _STEP_RE.fullmatch(name) or child_uri(store.uri, name) != loc:
         raise CheckpointError(f"{loc} is outside the checkpoint folder {store.display}; refusing to use it")
     return name
 
@@ -163,7 +165,7 @@ def _listing(store: RunStorage) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for st in store.list(recursive=True):
         top, _, rest = st.name.partition("/")
-        if not _STEP_RE.match(top):
+        if not _STEP_RE.fullmatch(top):
             continue
         if store.local and os.path.islink(store.join(top)):
             continue  # a symlinked checkpoint is not followed
@@ -174,15 +176,19 @@ def _listing(store: RunStorage) -> dict[str, dict[str, int]]:
 
 
 # ----------------------------------------------------------- safe metadata
-_SAFE_MODULES = (
-    "torch.distributed.checkpoint.metadata",
-    "torch.distributed.checkpoint.filesystem",
-    "torch.distributed.checkpoint.planner",
-)
+#: The classes DCP's metadata of a tensors-only checkpoint is made of, by module: nothing else unpickles.
+#: Exact names only: pickle (protocol 4+) resolves a dotted name attribute by attribute, so a module's
+#: whole namespace (``filesystem.os.system``, ``FileSystem.rm_file``) must never be reachable by prefix.
+_SAFE_CLASSES = {
+    "torch.distributed.checkpoint.metadata": frozenset({
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+        "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING",
+    }),
+    "torch.distributed.checkpoint.filesystem": frozenset({"_StorageInfo", "_StoragePrefix", "SerializationFormat"}),
+}
 _SAFE_GLOBALS = {
     ("collections", "OrderedDict"),
     ("torch", "Size"),
-    ("torch._utils", "_rebuild_tensor_v2"),
     ("builtins", "set"),
     ("builtins", "frozenset"),
     ("torch", "device"),
@@ -193,17 +199,17 @@ _SAFE_GLOBALS = {
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    """Accepts DCP's metadata dataclasses, torch dtypes and sizes; nothing else."""
+    """Accepts DCP's metadata dataclasses, torch dtypes and sizes; nothing else (no dotted names:
+    ``module.attr.attr`` would reach anything a module imported)."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if module in _SAFE_MODULES and not name.startswith("__"):
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(
-            getattr(torch, name, None), (torch.dtype, torch.memory_format, torch.layout)
-        ):
-            return getattr(torch, name)
-        if (module, name) in _SAFE_GLOBALS:
-            return super().find_class(module, name)
+        if "." not in name:
+            if name in _SAFE_CLASSES.get(module, ()) or (module, name) in _SAFE_GLOBALS:
+                return super().find_class(module, name)
+            if module == "torch" and isinstance(
+                getattr(torch, name, None), (torch.dtype, torch.memory_format, torch.layout)
+            ):
+                return getattr(torch, name)
         raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which is not allowed")
 
 
@@ -249,6 +255,11 @@ def _problem(store: RunStorage, folder: str, files: dict[str, int]) -> str | Non
     """Why the checkpoint ``folder`` (whose files and sizes are ``files``) cannot be trusted; ``None`` if intact."""
     if META_FILE not in files:
         return "incomplete: no meta.json (the write did not finish)"
+    if store.local:  # every file of a checkpoint is in it: a link is not followed (it may lead anywhere)
+        with contextlib.suppress(OSError):
+            links = sorted(e.name for e in os.scandir(store.join(folder)) if e.is_symlink())
+            if links:
+                return f"{links[0]} is a symbolic link; a checkpoint's files must be in its folder (not followed)"
     if CORRUPT_NOTE in files:
         try:
             note = store.read_json(f"{folder}/{CORRUPT_NOTE}")
@@ -298,7 +309,7 @@ def checkpoints(checkpoint_dir: str | os.PathLike[str] | RunStorage) -> list[Che
     store = _store(checkpoint_dir)
     out = []
     for folder, files in sorted(_listing(store).items(), reverse=True):
-        step = int(_STEP_RE.match(folder).group(1))  # type: ignore[union-attr]
+        step = int(_STEP_RE.fullmatch(folder).group(1))  # type: ignore[union-attr]
         out.append(CheckpointStatus(step, store.uri_of(folder), _problem(store, folder, files)))
     return out
 
@@ -351,6 +362,9 @@ def _dcp_fs(store: RunStorage) -> Any:
         def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[Any]:
             path = os.fspath(path)
             if store.local:
+                root = os.path.realpath(store.path)
+                if not os.path.realpath(path).startswith(root.rstrip(os.sep) + os.sep):
+                    raise CheckpointError(f"{path}: a symbolic link leads out of the checkpoint folder {root}")
                 with open(path, mode) as f:
                     yield f
             elif "w" in mode:
@@ -399,6 +413,21 @@ def _writer(store: RunStorage, folder: str) -> Any:
     writer = FileSystemWriter(store.join(folder), sync_files=store.local)
     writer.fs = _dcp_fs(store)
     return writer
+
+
+def _planner() -> Any:
+    """DCP's default load planner, except that a non-tensor entry is refused instead of ``torch.load``-ed
+    with ``weights_only=False`` (a pickle: code could run). ray_saturn writes tensors only."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class TensorsOnlyLoadPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            raise CheckpointError(
+                f"the checkpoint holds a non-tensor entry ({read_item.dest_index.fqn}); ray_saturn checkpoints "
+                "hold tensors only, and a non-tensor entry would be unpickled: refusing it"
+            )
+
+    return TensorsOnlyLoadPlanner()
 
 
 def _reader(store: RunStorage, folder: str) -> Any:
@@ -579,7 +608,7 @@ def _load(
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-            dcp.load(target, storage_reader=_reader(store, folder))
+            dcp.load(target, storage_reader=_reader(store, folder), planner=_planner())
     except CheckpointError:
         raise
     except (Exception, CheckpointException) as exc:

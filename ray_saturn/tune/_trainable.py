@@ -329,7 +329,8 @@ def _run_trial(make_task: Callable[[dict], Task], config: dict, report_every: in
             with restored.as_directory() as d:
                 for entry in os.listdir(d):
                     if entry.startswith("step-"):
-                        shutil.copytree(os.path.join(d, entry), os.path.join(ckpt_dir, entry))
+                        # Links stay links (checkpoint verification refuses them): never copy in what they lead to.
+                        shutil.copytree(os.path.join(d, entry), os.path.join(ckpt_dir, entry), symlinks=True)
         resumed_from = latest_step(ckpt_dir) or 0
         if decision.workers == 1:
             _set_rank_env(0, 1)
