@@ -211,3 +211,66 @@ def test_resume_with_a_workload_that_is_not_the_runs_is_one_line_and_records_not
     assert not (tmp_path / "run" / "lease.json").exists()
     with pytest.raises(SpecError, match=r"no rows for task\(s\) extra; a resumed run trains the tasks it started"):
         ray_saturn.resume(tmp_path / "run", tasks=[mlp_task("m", max_steps=20), mlp_task("extra", max_steps=20)])
+
+
+class _LiveDriver:
+    """A live driver actor as `ray.get_actor` returns it, answering which folder it writes to."""
+
+    def __init__(self, folder):
+        self.folder = type("M", (), {"remote": staticmethod(lambda: folder)})()
+
+
+def test_resume_does_not_end_a_live_run_of_the_same_name_in_another_folder(tmp_path, monkeypatch):
+    # `resume` ended whichever live driver had the run's name, without asking which folder it wrote to: two
+    # folders whose runs were given one name (the Python API's name=), or a run.json edited to another run's
+    # name, made resume kill that other run.
+    import ray
+
+    from ray_saturn.errors import SaturnError
+    from ray_saturn.runtime.actor import end_orphaned_driver
+    from ray_saturn.runtime.storage import RunStorage
+
+    killed = []
+    other = str(tmp_path / "other")
+    monkeypatch.setattr(ray, "get_actor", lambda name, namespace=None: _LiveDriver(other))
+    monkeypatch.setattr(ray, "get", lambda ref, timeout=None: ref)
+    monkeypatch.setattr(ray, "kill", lambda actor, **kw: killed.append(actor))
+    ours = RunStorage(tmp_path / "ours")
+    with pytest.raises(SaturnError) as info:
+        end_orphaned_driver("sweep", ours)
+    msg = str(info.value)
+    assert "\n" not in msg and f"a live run named 'sweep' on this Ray cluster writes to {other}" in msg, msg
+    assert f"resume {ours.display} once that run has ended" in msg and not killed
+
+    # Its own orphan (the driver of the CLI killed a moment ago) is still ended, answering or not.
+    gone = []
+
+    def get_actor(name, namespace=None):
+        if killed:
+            gone.append(name)
+            raise ValueError("no such actor")
+        return _LiveDriver(str(tmp_path / "." / "ours"))  # the same folder, spelled otherwise
+
+    monkeypatch.setattr(ray, "get_actor", get_actor)
+    assert end_orphaned_driver("sweep", ours) is True and len(killed) == 1 and gone
+
+
+def test_a_second_run_of_a_name_that_runs_is_one_line(monkeypatch):
+    # Two runs given one name on one cluster: Ray's ActorAlreadyExistsError came out as a traceback.
+    from ray.exceptions import ActorAlreadyExistsError
+
+    from ray_saturn.errors import SaturnError
+    from ray_saturn.runtime import actor
+    from ray_saturn.runtime.config import RunSettings
+
+    class Taken:
+        def options(self, **kw):
+            raise ActorAlreadyExistsError(f"The name {kw['name']} (namespace=ray_saturn) is already taken. Please ...")
+
+    monkeypatch.setattr(actor, "DriverActor", Taken)
+    monkeypatch.setattr(actor, "on_head_node", lambda: None)
+    settings = RunSettings(name="sweep", mode="train")
+    with pytest.raises(SaturnError) as info:
+        actor.start_driver(None, settings, None)
+    assert str(info.value) == ("a run named 'sweep' is already running on this Ray cluster; give this run another "
+                               "name (runs on one cluster need distinct names)")

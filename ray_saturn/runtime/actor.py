@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -26,7 +27,7 @@ from ray_saturn.runtime.journal import GANTT_FILE, PLAN_FILE, PROFILE_FILE, RUN_
 from ray_saturn.runtime.launcher import on_head_node
 from ray_saturn.runtime.lease import RunLease, live_owner, locked_error
 from ray_saturn.runtime.records import DriverResult, TaskRecord
-from ray_saturn.runtime.storage import TASKS_DIR, RunStorage, StorageError
+from ray_saturn.runtime.storage import TASKS_DIR, RunStorage, StorageError, redact_uri
 from ray_saturn.spec import ClusterSpec, Task
 
 __all__ = [
@@ -71,6 +72,11 @@ def _actor_cls():
 
         def __init__(self) -> None:
             self.driver = None
+            self.storage_uri: str | None = None
+
+        def folder(self) -> str | None:
+            """The run folder this driver writes to (``None`` until it runs)."""
+            return self.storage_uri
 
         def run(
             self,
@@ -86,6 +92,7 @@ def _actor_cls():
             from ray_saturn.runtime.pg_manager import PlacementGroupManager
             from ray_saturn.runtime.train_launcher import TrainLauncher
 
+            self.storage_uri = storage_uri
             storage = RunStorage(storage_uri)
             manager = PlacementGroupManager(
                 ClusterSpec.from_ray(),
@@ -198,13 +205,26 @@ def _left_by_a_run(storage: RunStorage) -> tuple[list[str], list[str]]:
     return [e.name for e in storage.list(TASKS_DIR)], files
 
 
-def end_orphaned_driver(run_name: str, *, budget_s: float = 120.0) -> bool:
+def _same_folder(uri: str, storage: RunStorage) -> bool:
+    """Whether a driver's folder ``uri`` is ``storage`` (a local path however it was spelled)."""
+    if uri == storage.uri:
+        return True
+    if storage.local and "://" not in uri:
+        return os.path.realpath(uri) == os.path.realpath(storage.uri)
+    return uri.rstrip("/") == storage.uri.rstrip("/")
+
+
+def end_orphaned_driver(run_name: str, storage: RunStorage, *, budget_s: float = 120.0) -> bool:
     """End a driver of ``run_name`` that still runs although its run folder's lock is ours now.
 
     Its job is being torn down (the CLI that owned it was killed a moment ago), or its owner
     lost the lock (paused past the stale limit): either way it must not write to the folder
     any more, and its name must be free for the resumed driver. Waits until Ray has ended it.
     Returns whether there was one.
+
+    A live driver of that name that says it runs another folder is not ours to end (two folders
+    whose runs were given one name, or a ``run.json`` edited to another run's name): a one-line
+    :class:`SaturnError`, and that run goes on.
     """
     import time
 
@@ -214,6 +234,16 @@ def end_orphaned_driver(run_name: str, *, budget_s: float = 120.0) -> bool:
         actor = ray.get_actor(driver_name(run_name), namespace=DRIVER_NAMESPACE)
     except ValueError:
         return False
+    try:  # a driver being torn down may not answer: then it is the orphan this is for
+        folder = ray.get(actor.folder.remote(), timeout=10)
+    except Exception:
+        folder = None
+    if folder is not None and not _same_folder(folder, storage):
+        raise SaturnError(
+            f"a live run named {run_name!r} on this Ray cluster writes to {redact_uri(folder)}, not to "
+            f"{storage.display}; it was left running: resume {storage.display} once that run has ended, "
+            "or on another cluster"
+        )
     logger.warning("ending the driver of run %s that outlived its run's lock", run_name)
     with contextlib.suppress(Exception):
         ray.kill(actor, no_restart=True)
@@ -331,15 +361,23 @@ def start_driver(
     records = None
     if resume_state:
         records = resume_state.get("tasks", {})
-    actor = (
-        DriverActor()
-        .options(
-            name=driver_name(settings.name),
-            namespace=DRIVER_NAMESPACE,
-            # The driver runs on the head node: losing a GPU node must not take it.
-            scheduling_strategy=on_head_node(),
+    try:
+        actor = (
+            DriverActor()
+            .options(
+                name=driver_name(settings.name),
+                namespace=DRIVER_NAMESPACE,
+                # The driver runs on the head node: losing a GPU node must not take it.
+                scheduling_strategy=on_head_node(),
+            )
+            .remote()
         )
-        .remote()
-    )
+    except ValueError as exc:
+        if "already taken" not in str(exc):
+            raise
+        raise SaturnError(
+            f"a run named {settings.name!r} is already running on this Ray cluster; "
+            "give this run another name (runs on one cluster need distinct names)"
+        ) from None
     ref = actor.run.remote(storage.uri, settings, profile, tasks, records, resume_state)
     return actor, ref

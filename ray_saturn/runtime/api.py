@@ -210,7 +210,7 @@ def resume(
             connected() if settings.mode == "train" else emulated_context(journal)
         )
         with ctx:
-            end_orphaned_driver(settings.name)
+            end_orphaned_driver(settings.name, store)
             reclaim_dead_runs([settings.name])
             actor, ref = start_driver(store, settings, profile, task_map, resume_state=state)
             return wait_for_driver(actor, ref, lease=lease, journal=journal)
