@@ -37,7 +37,7 @@ import numpy as np
 
 from ray_saturn.errors import SpecError
 from ray_saturn.limits import MAX_NOISE, MAX_RUNTIME_S, number
-from ray_saturn.profile_table import ProfileTable
+from ray_saturn.profile_table import ProfileTable, is_empty_cell
 from ray_saturn.spec import ClusterSpec
 
 __all__ = [
@@ -121,7 +121,7 @@ def _from_profile_column(profile: ProfileTable) -> dict[str, float]:
     where = profile.source
     out: dict[str, float] = {}
     for t, a in zip(table.column("task").to_pylist(), table.column("arrival_s").to_pylist(), strict=False):
-        if a is None or (isinstance(a, str) and not a.strip()):
+        if is_empty_cell(a):  # None, blank or NaN: as the table reads an empty cell
             continue
         a = _arrival(a, t, where)
         if t in out and out[t] != a:
