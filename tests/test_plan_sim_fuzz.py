@@ -55,3 +55,38 @@ def test_nan_arrival_is_a_missing_arrival():
 def test_nan_name_is_empty_not_the_name_nan(col):
     with pytest.raises(rs.ProfileError, match=r"empty|non-empty"):
         rs.ProfileTable.from_rows(_rows(**{col: NAN}))
+
+
+def _share_profile():
+    return rs.ProfileTable.from_rows(
+        [{"task": f"t{i}", "strategy": "ddp", "gpus": 0.5, "step_time_s": 1.0, "steps": 10} for i in range(3)])
+
+
+@pytest.mark.parametrize("share", ["NaN", "0.5"])
+def test_validator_refuses_three_halves_on_one_device_also_with_nan_shares(share):
+    # Three 1/2 shares on device 0 of a 2-GPU node: the node holds 1.5 <= 2 GPUs, so only the device
+    # check sees it, and a NaN share (every comparison false) passed it as a valid plan.
+    assignments = ",".join(
+        f'{{"task": "t{i}", "strategy": "ddp", "gpus": 0.5, "nodes": ["node-0"], "start_s": 0, "end_s": 10, '
+        f'"devices": {{"node-0": [[0, {share}]]}}}}' for i in range(3))
+    plan = rs.Plan.from_json('{"policy": "p", "makespan_s": 10, "lower_bound_s": 0, "solve_time_s": 0, '
+                             f'"status": "feasible", "assignments": [{assignments}]}}')
+    with pytest.raises(rs.PlanError):
+        rs.validate_plan(plan, _share_profile(), rs.ClusterSpec.uniform(1, 2))
+
+
+def test_validator_refuses_a_nan_completion_bound():
+    profile = rs.ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 5}])
+    cluster = rs.ClusterSpec.uniform(1, 1)
+    plan = rs.plan(profile, cluster, objective="completion", time_limit_s=0.5)
+    rs.validate_plan(plan, profile, cluster)
+    plan.completion_lower_bound_s = NAN
+    with pytest.raises(rs.PlanError, match="lower bound"):
+        rs.validate_plan(plan, profile, cluster)
+
+
+def test_plan_json_with_overflowing_gpus_is_a_plan_error():
+    text = ('{"policy": "p", "makespan_s": 5, "lower_bound_s": 0, "status": "feasible", "assignments": '
+            '[{"task": "a", "strategy": "ddp", "gpus": 1e400, "nodes": ["n"], "start_s": 0, "end_s": 5}]}')
+    with pytest.raises(rs.PlanError, match="malformed assignment"):
+        rs.Plan.from_json(text)
