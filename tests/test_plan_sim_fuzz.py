@@ -90,3 +90,13 @@ def test_plan_json_with_overflowing_gpus_is_a_plan_error():
             '[{"task": "a", "strategy": "ddp", "gpus": 1e400, "nodes": ["n"], "start_s": 0, "end_s": 5}]}')
     with pytest.raises(rs.PlanError, match="malformed assignment"):
         rs.Plan.from_json(text)
+
+
+def test_poisson_arrivals_beyond_the_time_limit_are_refused_as_a_trace_is():
+    # poisson:1e-9 put arrivals at ~4e12 s (1e-300: 4e303 s, where a task's runtime vanished in rounding and
+    # the completion bound came out 0); a trace with such times was already refused.
+    profile = rs.ProfileTable.from_rows(
+        [{"task": t, "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 100} for t in "abc"])
+    with pytest.raises(rs.SpecError, match=r"poisson:1e-9.*give a larger R"):
+        parse_arrivals("poisson:1e-9", profile, seed=0)
+    assert max(parse_arrivals("poisson:1e-3", profile, seed=0).values()) < 1e12

@@ -98,7 +98,11 @@ def parse_arrivals(spec: str | None, profile: ProfileTable, *, seed: int) -> dic
             raise SpecError(f"--arrivals {spec!r}: give poisson:R with R > 0 tasks per hour")
         gaps = _rng(seed, "arrivals").exponential(3600.0 / rate, size=len(tasks))
         gaps[0] = 0.0
-        return dict(zip(tasks, np.cumsum(gaps).tolist(), strict=False))
+        times = np.cumsum(gaps).tolist()
+        if times[-1] > MAX_RUNTIME_S:  # the limit a trace's times have: beyond it, runtimes vanish in rounding
+            raise SpecError(f"--arrivals {spec!r}: at {rate:g} tasks per hour the last of {len(tasks)} tasks arrives "
+                            f"at {times[-1]:.3g} s, beyond {MAX_RUNTIME_S:g} s (about 31,700 years); give a larger R")
+        return dict(zip(tasks, times, strict=False))
     if spec == "profile":
         return _checked(_from_profile_column(profile), tasks, f"{profile.source}: the arrival_s column")
     path = Path(spec)
