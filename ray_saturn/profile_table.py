@@ -523,6 +523,7 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
         )
     if table.num_rows == 0:
         raise ProfileError(f"{source}: the profile has no rows")
+    table = _text_columns(table, source)
     data = table.to_pydict()
     n = table.num_rows
     configs: list[Config] = []
@@ -624,6 +625,21 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
         if name not in arrays:
             arrays[name] = table.column(name)
     return pa.table(arrays), configs
+
+
+def _text_columns(table: pa.Table, source: str) -> pa.Table:
+    """The name columns as text: Parquet writers that leave text unannotated (bytes) would give the task
+    name ``"b'a'"``."""
+    for name in ("task", "strategy", "gpu_type", "reason"):
+        if name in table.column_names and (pa.types.is_binary(table.schema.field(name).type)
+                                           or pa.types.is_large_binary(table.schema.field(name).type)):
+            try:
+                column = table.column(name).cast(pa.string())
+            except pa.ArrowInvalid:
+                raise ProfileError(f"{source}: column {name} holds bytes that are not UTF-8 text; "
+                                   "write it as a string column") from None
+            table = table.set_column(table.column_names.index(name), name, column)
+    return table
 
 
 def _canonical_arrays(configs: list[Config], columns: Collection[str]) -> dict[str, pa.Array]:

@@ -100,3 +100,19 @@ def test_poisson_arrivals_beyond_the_time_limit_are_refused_as_a_trace_is():
     with pytest.raises(rs.SpecError, match=r"poisson:1e-9.*give a larger R"):
         parse_arrivals("poisson:1e-9", profile, seed=0)
     assert max(parse_arrivals("poisson:1e-3", profile, seed=0).values()) < 1e12
+
+
+def test_parquet_with_unannotated_text_columns(tmp_path):
+    # Some Parquet writers store text as plain bytes: the task was named "b'a'" and refused.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"task": pa.array([b"a"], pa.binary()), "strategy": pa.array([b"DDP"], pa.large_binary()),
+                             "gpus": [1], "step_time_s": [1.0], "steps": [4], "gpu_type": pa.array([b""])}), path)
+    config = rs.ProfileTable.read(path).configs("a")[0]
+    assert (config.strategy, config.gpu_type) == ("ddp", None)
+    pq.write_table(pa.table({"task": pa.array([b"\xff"]), "strategy": ["ddp"], "gpus": [1], "step_time_s": [1.0],
+                             "steps": [4]}), path)
+    with pytest.raises(rs.ProfileError, match="not UTF-8"):
+        rs.ProfileTable.read(path)
