@@ -116,3 +116,10 @@ def test_parquet_with_unannotated_text_columns(tmp_path):
                              "steps": [4]}), path)
     with pytest.raises(rs.ProfileError, match="not UTF-8"):
         rs.ProfileTable.read(path)
+
+
+def test_plan_on_plan_must_be_callable():
+    # Was a TypeError ("'int' object is not callable") from inside the policy, once it had a plan.
+    profile = rs.ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": 5}])
+    with pytest.raises(rs.SpecError, match="on_plan is a int"):
+        rs.plan(profile, rs.ClusterSpec.uniform(1, 1), on_plan=5)
