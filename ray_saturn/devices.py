@@ -74,12 +74,12 @@ def check_devices(plan: Plan, cluster: ClusterSpec, *, tol: float = 1e-6) -> Non
                 if not 0 <= d < gpus[n]:
                     raise PlanError(f"{where}: device {d} is not on node {n!r}, which has devices 0..{gpus[n] - 1}")
             if share:
-                if len(entries) != 1 or abs(entries[0][1] - a.gpus) > _SLACK:
+                if len(entries) != 1 or not abs(entries[0][1] - a.gpus) <= _SLACK:  # not <=: NaN is refused
                     raise PlanError(
                         f"{where}: a {a.gpus} share holds one device at share {a.gpus} on node {n!r}, "
                         f"not {[list(e) for e in entries]}"
                     )
-            elif len(entries) != a.gpus_per_node or any(abs(s - 1.0) > _SLACK for _, s in entries):
+            elif len(entries) != a.gpus_per_node or not all(abs(s - 1.0) <= _SLACK for _, s in entries):
                 raise PlanError(
                     f"{where}: {a.gpus_per_node} whole GPU(s) per node hold {a.gpus_per_node} device(s) at share 1.0 "
                     f"on node {n!r}, not {[list(e) for e in entries]}"

@@ -113,7 +113,7 @@ class Assignment:
             )
         except KeyError as exc:
             raise PlanError(f"malformed assignment {dict(data)!r}: {exc} is missing") from None
-        except (TypeError, ValueError, AttributeError) as exc:
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:  # Overflow: gpus 1e400
             raise PlanError(f"malformed assignment {dict(data)!r}: {exc}") from None
 
 
@@ -423,7 +423,7 @@ def _check_completion(plan: Plan, profile: ProfileTable, ctx: PlanningContext, t
     if not _close(plan.mean_completion_s, mean, tol):
         raise PlanError(f"the plan's mean completion time {plan.mean_completion_s} is not its tasks' mean {mean}")
     lb = plan.completion_lower_bound_s
-    if lb is not None and lb > plan.mean_completion_s * (1 + tol) + tol:
+    if lb is not None and not lb <= plan.mean_completion_s * (1 + tol) + tol:  # not <=: a NaN bound is refused
         raise PlanError(
             f"the plan's completion-time lower bound {lb} is above its mean completion time {plan.mean_completion_s}"
         )

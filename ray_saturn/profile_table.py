@@ -78,7 +78,7 @@ from ray_saturn.limits import (
 )
 from ray_saturn.spec import canonical_strategy, check_gpu_type, check_name
 
-__all__ = ["COLUMNS", "COST_COLUMNS", "OPTIONAL_COLUMNS", "Config", "ProfileTable"]
+__all__ = ["COLUMNS", "COST_COLUMNS", "OPTIONAL_COLUMNS", "Config", "ProfileTable", "is_empty_cell"]
 
 #: Column name -> Arrow type, in canonical order.
 COLUMNS: dict[str, pa.DataType] = {
@@ -272,7 +272,7 @@ class ProfileTable:
                 columns[k] = pa.array(values)
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
                 # Mixed kinds in one column (e.g. gpus 1 and "1/4"): keep them as text; parsing checks each cell.
-                columns[k] = pa.array([None if v is None else str(v) for v in values], pa.string())
+                columns[k] = pa.array([None if is_empty_cell(v) else str(v) for v in values], pa.string())
         return cls(pa.table(columns), source=source)
 
     @classmethod
@@ -440,12 +440,18 @@ class ProfileTable:
         return f"ProfileTable({len(self._by_task)} tasks, {len(self)} rows, source={self.source!r})"
 
 
+def is_empty_cell(value: Any) -> bool:
+    """An empty cell: None, blank text, or NaN (how Arrow and pandas hand over a missing number)."""
+    return (value is None or (isinstance(value, str) and not value.strip())
+            or (isinstance(value, float) and math.isnan(value)))
+
+
 def _cell_str(value: Any) -> str:
-    return "" if value is None else str(value).strip()
+    return "" if is_empty_cell(value) else str(value).strip()
 
 
 def _parse_int(value: Any, col: str, where: str, default: int | None = None, high: int | None = None) -> int:
-    if value is None or (isinstance(value, str) and not value.strip()):
+    if is_empty_cell(value):
         if default is not None:
             return default
         raise ProfileError(f"{where}: {col} is empty; give a whole number >= 1")
@@ -455,7 +461,7 @@ def _parse_int(value: Any, col: str, where: str, default: int | None = None, hig
 def _parse_gpus(value: Any, where: str) -> int | float:
     """A whole number >= 1, or a share 1/2, 1/4, 1/8 of one device (as a number or ``"1/k"``)."""
     hint = "give a whole number >= 1, or a share of one device: 1/2, 1/4 or 1/8 (0.5, 0.25, 0.125)"
-    if value is None or (isinstance(value, str) and not value.strip()):
+    if is_empty_cell(value):
         raise ProfileError(f"{where}: gpus is empty; {hint}")
     text = str(value).strip()
     try:
@@ -478,15 +484,13 @@ def _parse_gpus(value: Any, where: str) -> int | float:
 
 def _parse_float(value: Any, col: str, where: str) -> float | None:
     """A number, or None for an empty cell; NaN and infinities are errors, not missing values."""
-    if value is None or (isinstance(value, str) and not value.strip()):
+    if is_empty_cell(value):
         return None
-    if isinstance(value, float) and math.isnan(value):
-        return None  # how Arrow and pandas hand over an empty numeric cell
     return number(value, f"{where}: {col}", error=ProfileError)
 
 
 def _parse_bool(value: Any, where: str) -> bool:
-    if value is None:
+    if is_empty_cell(value):
         return True
     if isinstance(value, bool):
         return value
@@ -519,9 +523,11 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
         )
     if table.num_rows == 0:
         raise ProfileError(f"{source}: the profile has no rows")
+    table = _text_columns(table, source)
     data = table.to_pydict()
     n = table.num_rows
     configs: list[Config] = []
+    weights: list[float | None] = []  # the weight column, parsed: its consumers read floats or nulls only
     seen: dict[tuple[str, str, int, int], int] = {}
     task_steps: dict[str, tuple[int, int]] = {}  # task -> (its steps, the first row that gave them)
     for i in range(n):
@@ -542,7 +548,8 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
                 "a share runs on one node: set nodes to 1"
             )
         try:
-            gpu_type = check_gpu_type(data["gpu_type"][i] if "gpu_type" in data else None, "gpu_type")
+            typed = data["gpu_type"][i] if "gpu_type" in data else None
+            gpu_type = check_gpu_type(None if is_empty_cell(typed) else typed, "gpu_type")
         except SpecError as exc:
             raise ProfileError(f"{where}: {exc}") from None
         if gpus >= 1 and gpus % nodes:
@@ -568,7 +575,7 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
         peak = _parse_float(data["peak_mem_gb"][i], "peak_mem_gb", where) if "peak_mem_gb" in data else None
         if peak is not None and peak < 0:
             raise ProfileError(f"{where}: peak_mem_gb is {peak!r}; it must be >= 0")
-        reason = data["reason"][i] if "reason" in data else None
+        reason = _cell_str(data["reason"][i]) if "reason" in data else None
         device_mem = _parse_float(data["device_mem_gb"][i], "device_mem_gb", where) if "device_mem_gb" in data else None
         if device_mem is not None and not (device_mem > 0 and math.isfinite(device_mem)):
             raise ProfileError(f"{where}: device_mem_gb is {device_mem!r}; it must be a finite number of GB > 0")
@@ -589,6 +596,7 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
         if weight is not None and not (MIN_WEIGHT <= weight <= MAX_WEIGHT):
             raise ProfileError(f"{where}: weight is {weight!r}; weights are relative: give a number from "
                                f"{MIN_WEIGHT:g} to {MAX_WEIGHT:g} (scale them all alike)")
+        weights.append(weight)
         key = (task, strategy, gpus, nodes, gpu_type)
         if key in seen:
             on = f" on {gpu_type}" if gpu_type is not None else ""
@@ -611,10 +619,27 @@ def _normalise(table: pa.Table, source: str) -> tuple[pa.Table, list[Config]]:
         )
     # Canonical Arrow table: known columns with their types, extras kept as they are.
     arrays = _canonical_arrays(configs, table.column_names)
+    if "weight" in data:
+        arrays["weight"] = pa.array(weights, pa.float64())
     for name in table.column_names:
         if name not in arrays:
             arrays[name] = table.column(name)
     return pa.table(arrays), configs
+
+
+def _text_columns(table: pa.Table, source: str) -> pa.Table:
+    """The name columns as text: Parquet writers that leave text unannotated (bytes) would give the task
+    name ``"b'a'"``."""
+    for name in ("task", "strategy", "gpu_type", "reason"):
+        if name in table.column_names and (pa.types.is_binary(table.schema.field(name).type)
+                                           or pa.types.is_large_binary(table.schema.field(name).type)):
+            try:
+                column = table.column(name).cast(pa.string())
+            except pa.ArrowInvalid:
+                raise ProfileError(f"{source}: column {name} holds bytes that are not UTF-8 text; "
+                                   "write it as a string column") from None
+            table = table.set_column(table.column_names.index(name), name, column)
+    return table
 
 
 def _canonical_arrays(configs: list[Config], columns: Collection[str]) -> dict[str, pa.Array]:

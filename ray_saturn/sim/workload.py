@@ -37,7 +37,7 @@ import numpy as np
 
 from ray_saturn.errors import SpecError
 from ray_saturn.limits import MAX_NOISE, MAX_RUNTIME_S, number
-from ray_saturn.profile_table import ProfileTable
+from ray_saturn.profile_table import ProfileTable, is_empty_cell
 from ray_saturn.spec import ClusterSpec
 
 __all__ = [
@@ -98,7 +98,11 @@ def parse_arrivals(spec: str | None, profile: ProfileTable, *, seed: int) -> dic
             raise SpecError(f"--arrivals {spec!r}: give poisson:R with R > 0 tasks per hour")
         gaps = _rng(seed, "arrivals").exponential(3600.0 / rate, size=len(tasks))
         gaps[0] = 0.0
-        return dict(zip(tasks, np.cumsum(gaps).tolist(), strict=False))
+        times = np.cumsum(gaps).tolist()
+        if times[-1] > MAX_RUNTIME_S:  # the limit a trace's times have: beyond it, runtimes vanish in rounding
+            raise SpecError(f"--arrivals {spec!r}: at {rate:g} tasks per hour the last of {len(tasks)} tasks arrives "
+                            f"at {times[-1]:.3g} s, beyond {MAX_RUNTIME_S:g} s (about 31,700 years); give a larger R")
+        return dict(zip(tasks, times, strict=False))
     if spec == "profile":
         return _checked(_from_profile_column(profile), tasks, f"{profile.source}: the arrival_s column")
     path = Path(spec)
@@ -121,7 +125,7 @@ def _from_profile_column(profile: ProfileTable) -> dict[str, float]:
     where = profile.source
     out: dict[str, float] = {}
     for t, a in zip(table.column("task").to_pylist(), table.column("arrival_s").to_pylist(), strict=False):
-        if a is None or (isinstance(a, str) and not a.strip()):
+        if is_empty_cell(a):  # None, blank or NaN: as the table reads an empty cell
             continue
         a = _arrival(a, t, where)
         if t in out and out[t] != a:

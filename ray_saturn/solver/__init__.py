@@ -79,6 +79,9 @@ def solve_problem(
     """
     time_limit_s = number(time_limit_s, "solver time limit (s)", low=0, low_open=True)
     seed = whole(seed, "seed", low=0, high=MAX_SEED)
+    if on_plan is not None and not callable(on_plan):
+        raise SpecError(f"on_plan is a {type(on_plan).__name__}; give a function that takes each improving Plan, "
+                        "or None")
     if isinstance(policy, str):
         pol = solver_policy(policy, objective=objective) if objective else get_policy(policy)
     elif isinstance(policy, Policy):
