@@ -831,7 +831,7 @@ def run_matrix(kind: str, names: list[str], on_rows: Callable[[list[Row]], None]
     import ray
     from ray_head import ray_head
 
-    from ray_saturn.runtime.emulation import _reload_ray_auth
+    from ray_saturn.runtime.local import _reload_ray_auth
 
     work = Path(tempfile.mkdtemp(prefix=f"fm-{kind}-"))
     rows: list[Row] = []

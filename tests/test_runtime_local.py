@@ -1,4 +1,5 @@
-"""Local mode's Ray: its worker processes train at the niceness of the process that started it."""
+"""Local mode's Ray: its worker processes train at the niceness of the process that started it, and it is
+the process's own (loopback only, a fresh token, no address file for others)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from ray_saturn.runtime.local import WORKER_NICENESS, local_gpus, local_ray
 
 
 @pytest.mark.ray
-def test_local_ray_workers_are_not_niced():
+def test_local_ray_workers_are_not_niced_and_it_listens_on_loopback_only():
     import ray
 
     assert WORKER_NICENESS not in os.environ
+    before = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_TMPDIR")}
 
     @ray.remote(num_gpus=1)
     def niceness() -> int:
@@ -22,7 +24,13 @@ def test_local_ray_workers_are_not_niced():
     with local_ray(local_gpus(1, cores=1, cuda_devices=0)):
         # Ray's default is 15: next to background work niced to 19, training would lose a third of its core.
         assert ray.get(niceness.remote()) == os.nice(0)
+        # `run --num-gpus`, `profile` and the demo listened on the machine's address, as a plain ray.init() does.
+        assert [n["NodeManagerAddress"] for n in ray.nodes()] == ["127.0.0.1"]
+        assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+        assert os.environ["RAY_AUTH_MODE"] == "token" and len(os.environ["RAY_AUTH_TOKEN"]) >= 32
+        assert os.environ["RAY_TMPDIR"] != before["RAY_TMPDIR"]
     assert WORKER_NICENESS not in os.environ
+    assert {k: os.environ.get(k) for k in before} == before
 
 
 def test_segments_poll_their_workers_quickly_unless_the_user_chose(monkeypatch):

@@ -34,6 +34,7 @@ from ray_saturn.runtime.actor import (
 from ray_saturn.runtime.config import DriverConfig, RunSettings, check_policy, emulation_config
 from ray_saturn.runtime.journal import RUN_FILE, Journal
 from ray_saturn.runtime.lease import RunLease
+from ray_saturn.runtime.local import LOCALHOST, private_ray_environment
 from ray_saturn.runtime.reclaim import reclaim_dead_runs
 from ray_saturn.runtime.records import DriverResult
 from ray_saturn.runtime.storage import RunStorage
@@ -51,10 +52,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-#: The emulated cluster's nodes listen on this address only.
-LOCALHOST = "127.0.0.1"
-
 
 #: The most nodes an emulated cluster may have, whatever the machine.
 MAX_EMULATED_NODES = 64
@@ -143,68 +140,6 @@ def check_emulated_types(nodes: int, gpu_types: Sequence[str | None] | None) -> 
             f"--gpu-types {','.join(['A100'] * nodes)}"
         )
     return types
-
-
-#: Ray's switch between a cluster on the machine's address and one on the loopback address only.
-_LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-_PRIVATE_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_TMPDIR", _LOOPBACK_VAR)
-
-
-def _reload_ray_auth() -> None:
-    """Make this process read the authentication settings again (Ray caches them)."""
-    try:
-        from ray._raylet import AuthenticationTokenLoader, Config
-    except ImportError:  # a Ray without token authentication
-        return
-    Config.initialize("")
-    AuthenticationTokenLoader.instance().reset_cache()
-
-
-@contextlib.contextmanager
-def private_ray_environment() -> Iterator[str]:
-    """Token auth with a fresh token, the loopback address and a private temp dir, for this
-    process and the Ray it starts.
-
-    - Ray writes the address of a cluster it starts to ``<temp dir>/ray_current_cluster``, where
-      a plain ``ray.init()`` elsewhere on the machine would find it (and hang on it once the
-      cluster is dead). With ``RAY_TMPDIR`` set to a folder of our own, that file, the sessions
-      and the sockets live there, and the folder is removed on exit.
-    - The token exists only in the environment of this process and its children.
-    - Ray resolves "127.0.0.1" to the machine's address when it connects, unless its
-      single-machine switch (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read by the processes it
-      starts, and ``ray_constants.ENABLE_RAY_CLUSTER`` in this one) says the cluster is on the
-      loopback address only.
-
-    Everything is restored on exit.
-    """
-    import secrets
-    import shutil
-    import tempfile
-
-    import ray._private.ray_constants as ray_constants
-
-    base = "/tmp" if os.path.isdir("/tmp") else None  # short: Ray's socket paths must stay < 108 bytes
-    temp = tempfile.mkdtemp(prefix="rse-", dir=base)
-    saved = {k: os.environ.get(k) for k in _PRIVATE_VARS}
-    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
-    os.environ["RAY_AUTH_MODE"] = "token"
-    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-    os.environ["RAY_TMPDIR"] = temp
-    os.environ[_LOOPBACK_VAR] = "0"
-    os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    _reload_ray_auth()
-    try:
-        yield temp
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
-        _reload_ray_auth()
-        shutil.rmtree(temp, ignore_errors=True)
 
 
 @contextlib.contextmanager

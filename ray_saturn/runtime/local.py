@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from ray_saturn.errors import SaturnError
 
-__all__ = ["LocalGpus", "local_gpus", "local_ray"]
+__all__ = ["LOCALHOST", "LocalGpus", "local_gpus", "local_ray", "private_ray_environment"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,32 +89,105 @@ def local_gpus(requested: int | None = None, *, cores: int | None = None, cuda_d
     return LocalGpus(gpus, False, cores, max(1, cores // gpus), requested)
 
 
+#: Local and emulated clusters listen on this address only.
+LOCALHOST = "127.0.0.1"
+
+#: Ray's switch between a cluster on the machine's address and one on the loopback address only.
+_LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+_PRIVATE_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_TMPDIR", _LOOPBACK_VAR)
+
+
+def _reload_ray_auth() -> None:
+    """Make this process read the authentication settings again (Ray caches them)."""
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+    except ImportError:  # a Ray without token authentication
+        return
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+@contextlib.contextmanager
+def private_ray_environment() -> Iterator[str]:
+    """Token auth with a fresh token, the loopback address and a private temp dir, for this
+    process and the Ray it starts.
+
+    - Ray writes the address of a cluster it starts to ``<temp dir>/ray_current_cluster``, where
+      a plain ``ray.init()`` elsewhere on the machine would find it (and hang on it once the
+      cluster is dead). With ``RAY_TMPDIR`` set to a folder of our own, that file, the sessions
+      and the sockets live there, and the folder is removed on exit.
+    - The token exists only in the environment of this process and its children.
+    - Ray resolves "127.0.0.1" to the machine's address when it connects, unless its
+      single-machine switch (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read by the processes it
+      starts, and ``ray_constants.ENABLE_RAY_CLUSTER`` in this one) says the cluster is on the
+      loopback address only.
+
+    Everything is restored on exit.
+    """
+    import secrets
+    import shutil
+    import tempfile
+
+    import ray._private.ray_constants as ray_constants
+
+    base = "/tmp" if os.path.isdir("/tmp") else None  # short: Ray's socket paths must stay < 108 bytes
+    temp = tempfile.mkdtemp(prefix="rse-", dir=base)
+    saved = {k: os.environ.get(k) for k in _PRIVATE_VARS}
+    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    os.environ["RAY_TMPDIR"] = temp
+    os.environ[_LOOPBACK_VAR] = "0"
+    os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    _reload_ray_auth()
+    try:
+        yield temp
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        _reload_ray_auth()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def local_ray(lg: LocalGpus, *, env: dict[str, str] | None = None) -> Iterator[None]:
-    """A fresh local Ray with ``lg``'s GPUs and threads per worker; shut down on exit."""
+    """A fresh local Ray with ``lg``'s GPUs and threads per worker; shut down on exit.
+
+    Like an emulated cluster it is this process's alone
+    (:func:`private_ray_environment`): token auth with a fresh
+    token, listening on 127.0.0.1 only (a plain ``ray.init()`` listens on the machine's
+    address), no dashboard, and no address file where other Ray users on the machine look.
+    """
     import ray
 
     if ray.is_initialized():
         raise SaturnError("Ray is already initialised in this process; local mode starts its own local Ray")
     env_vars = {"OMP_NUM_THREADS": str(lg.threads_per_worker), **(env or {})}
-    # the raylet reads its worker niceness from its environment, inherited from this process
-    set_nice = WORKER_NICENESS not in os.environ
-    if set_nice:
-        os.environ[WORKER_NICENESS] = "0"
-    try:
-        ray.init(
-            address="local",
-            num_cpus=lg.cores,
-            num_gpus=lg.gpus,
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level=logging.WARNING,
-            runtime_env={"env_vars": env_vars},
-        )
-    finally:
+    with private_ray_environment():
+        # the raylet reads its worker niceness from its environment, inherited from this process
+        set_nice = WORKER_NICENESS not in os.environ
         if set_nice:
-            os.environ.pop(WORKER_NICENESS, None)
-    try:
-        yield
-    finally:
-        ray.shutdown()
+            os.environ[WORKER_NICENESS] = "0"
+        try:
+            ray.init(
+                address="local",
+                _node_ip_address=LOCALHOST,
+                num_cpus=lg.cores,
+                num_gpus=lg.gpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+                runtime_env={"env_vars": env_vars},
+            )
+        finally:
+            if set_nice:
+                os.environ.pop(WORKER_NICENESS, None)
+        try:
+            yield
+        finally:
+            ray.shutdown()
