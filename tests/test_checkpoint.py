@@ -42,8 +42,23 @@ def losses_of(task, strategy, d, target, every=2, knobs=None):
     return out
 
 
+def _runner(task):
+    """The task's model and optimizer as one process's single strategy prepares them."""
+    return get_strategy("single").prepare(build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu")))
+
+
+class _RunsCode:
+    """A pickle that touches ``target`` when it is loaded: a stand-in for any code a crafted file could run."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.target}",))
+
+
 def state(task, d):
-    runner = get_strategy("single").prepare(build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu")))
+    runner = _runner(task)
     load_checkpoint(latest_checkpoint(d), runner.module, runner.optimizer, d)
     return runner.module.state_dict(), runner.optimizer.state_dict()
 
@@ -119,13 +134,9 @@ def test_metadata_with_foreign_pickle_is_refused(tmp_path):
     losses_of(task, "single", tmp_path, 2)
     target = tmp_path / "pwned"
 
-    class Evil:
-        def __reduce__(self):
-            return (os.system, (f"touch {target}",))
-
     path = Path(latest_checkpoint(tmp_path))
-    (path / ".metadata").write_bytes(pickle.dumps(Evil()))
-    runner = get_strategy("single").prepare(build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu")))
+    (path / ".metadata").write_bytes(pickle.dumps(_RunsCode(target)))
+    runner = _runner(task)
     with pytest.raises(CheckpointError, match="not allowed"):
         load_checkpoint(path, runner.module, runner.optimizer, tmp_path)
     assert latest_step(tmp_path) is None  # verification refuses it too: nothing to resume from
@@ -139,7 +150,7 @@ def test_paths_stay_inside_the_checkpoint_folder(tmp_path):
     inside.mkdir()
     os.symlink(outside / "step-000000002", inside / "step-000000009")
     assert latest_step(inside) is None  # a symlinked checkpoint is not followed
-    runner = get_strategy("single").prepare(build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu")))
+    runner = _runner(task)
     with pytest.raises(CheckpointError, match="outside the checkpoint folder"):
         load_checkpoint(outside / "step-000000002", runner.module, runner.optimizer, inside)
     assert os.path.dirname(checkpoint_path(inside, 3)) == str(inside)
@@ -157,7 +168,7 @@ def test_links_inside_a_checkpoint_are_not_followed(tmp_path):
     shard.rename(outside / shard.name)
     shard.symlink_to(outside / shard.name)
     assert latest_step(d) is None  # not intact: nothing is read through the link
-    runner = get_strategy("single").prepare(build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu")))
+    runner = _runner(task)
     with pytest.raises(CheckpointError, match="symbolic link"):
         load_checkpoint(newest, runner.module, runner.optimizer, d)
     (outside / "meta.json").write_text("mine")
@@ -266,7 +277,7 @@ def test_metadata_with_a_dotted_name_cannot_reach_what_an_allowed_module_importe
         _pickle4_call("torch.distributed.checkpoint.filesystem", "os.system", f"touch {target}")
     )
     assert latest_step(tmp_path) is None  # verifying it (what progress and resume do) runs nothing
-    runner = get_strategy("single").prepare(build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu")))
+    runner = _runner(task)
     with pytest.raises(CheckpointError, match="not allowed"):
         load_checkpoint(path, runner.module, runner.optimizer, tmp_path)
     assert not target.exists()
@@ -292,14 +303,10 @@ def test_a_non_tensor_entry_in_a_checkpoint_is_never_unpickled(tmp_path, monkeyp
     losses_of(task, "single", tmp_path, 2)
     target = tmp_path / "pwned"
 
-    class Evil:
-        def __reduce__(self):
-            return (os.system, (f"touch {target}",))
-
     path = Path(latest_checkpoint(tmp_path))
-    runner = get_strategy("single").prepare(build_model(task), task, {}, WorkerContext(0, 1, torch.device("cpu")))
+    runner = _runner(task)
     fqn = next(iter(runner.module.state_dict()))
-    _with_pickled_entry(path, f"model.{fqn}", pickle.dumps(Evil()))
+    _with_pickled_entry(path, f"model.{fqn}", pickle.dumps(_RunsCode(target)))
     assert latest_step(tmp_path) is None  # verification refuses the entry's class
     assert ckpt.load_latest(tmp_path, runner.module, runner.optimizer) is None
     # and loading itself refuses the entry, should the metadata get past verification

@@ -30,12 +30,19 @@ def row(**kw):
         (row(nodes=0), "nodes is 0; give a whole number"),
         # was an OverflowError, reported as "the estimate raised OverflowError"
         (row(steps=float("inf")), "steps is inf; give a whole number"),
-        (row(feasible=float("nan")), "feasible is nan; use true or false"),
+        (row(feasible=2), "feasible is 2; use true or false"),
+        (row(feasible="maybe"), "feasible is 'maybe'; use true or false"),
     ],
 )
 def test_rows_the_profile_table_would_refuse_are_refused_with_the_column(bad, why):
     with pytest.raises(TrialRejected, match=why):
         trial_rows([bad], max_gpus_per_node=4)
+
+
+def test_a_nan_feasible_is_an_empty_cell_as_in_the_profile_table():
+    # pandas' missing value (rows from to_dict("records")): the table reads it as an empty cell, i.e. feasible
+    rows = trial_rows([row(feasible=float("nan"))], max_gpus_per_node=4)
+    assert [(r.strategy, r.gpus) for r in rows.rows] == [("single", 1)]
 
 
 def test_feasible_false_in_any_spelling_leaves_the_row_out():

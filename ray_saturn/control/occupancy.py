@@ -64,10 +64,6 @@ class Occupancy:
         for p in running:
             self.take(p, check=False)
 
-    def used(self, n: str) -> list[int]:
-        """Units held on each device of node ``n`` (a copy)."""
-        return list(self._used.get(n) or [0] * self.gpus[n])
-
     def _devices(self, n: str) -> list[int]:
         if n not in self._used:
             self._used[n] = [0] * self.gpus[n]
