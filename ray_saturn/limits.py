@@ -76,10 +76,22 @@ def _as_float(value: Any) -> float | None:
             return math.inf if value > 0 else -math.inf
     if isinstance(value, str):
         try:
-            return float(value.strip())
+            return parse_float(value.strip())
         except ValueError:
             return None
     return None
+
+
+def parse_float(text: str) -> float:
+    """``float(text)``, except that digit-group underscores (``"1_0"``, which Python reads as 10) are refused.
+
+    Example:
+        >>> parse_float(" 2.5 ")
+        2.5
+    """
+    if "_" in text:
+        raise ValueError(f"could not convert string to float: {text!r}")
+    return float(text)
 
 
 def _range(low: float | None, high: float | None, low_open: bool, fmt: str = "{:g}") -> str:
@@ -152,7 +164,7 @@ def whole(
     else:
         f = _as_float(value)
         n = int(f) if f is not None and math.isfinite(f) and f == int(f) else None
-        if n is None and isinstance(value, str):
+        if n is None and isinstance(value, str) and "_" not in value:
             try:
                 n = int(value.strip())
             except ValueError:

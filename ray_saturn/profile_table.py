@@ -465,6 +465,8 @@ def _parse_gpus(value: Any, where: str) -> int | float:
         raise ProfileError(f"{where}: gpus is empty; {hint}")
     text = str(value).strip()
     try:
+        if isinstance(value, str) and "_" in text:
+            raise ValueError(text)
         if isinstance(value, str) and "/" in text:
             num, den = text.split("/", 1)
             f = float(num) / float(den)

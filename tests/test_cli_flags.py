@@ -47,6 +47,9 @@ WORKLOAD = "from ray_saturn.toy import mlp_task\ntasks = [mlp_task('m')]\n"
         (["resume", "{tmp}/r", "--num-gpus", "two"], "--num-gpus: 'two' is not a whole number"),
         (["profile", "{w}", "-o", "{tmp}/p.csv", "--warmup", "-1"], "--warmup: '-1' is not a whole number"),
         (["profile", "{w}", "-o", "{tmp}/p.csv", "--steps", "1.5"], "--steps: '1.5' is not a whole number"),
+        # Python's int() and float() read "1_0" as 10: a typo, not a number
+        (["profile", "{w}", "-o", "{tmp}/p.csv", "--steps", "1_0"], "--steps: '1_0' is not a whole number"),
+        (["run", "{w}", "--storage", "{tmp}/r", "--checkpoint-interval", "6_0"], "--checkpoint-interval: '6_0'"),
         (["profile", "{w}", "-o", "{tmp}/p.csv", "--trial-timeout", "nan"], "--trial-timeout: 'nan'"),
         (["profile", "{w}", "-o", "{tmp}/p.csv", "--memory-limit-gb", "inf"],
          "--memory-limit-gb: 'inf' is not a finite number > 0 (GB)"),

@@ -382,6 +382,7 @@ def test_a_node_that_never_comes_back_ends_the_run_with_a_hint():
     ("node-0@-5", "node failure of 'node-0' at -5.0; give a time >= 0"),
     ("node-0@10:5", "comes back at 5.0, not after its failure at 10.0"),
     ("node-0", "write NODE@AT or NODE@AT:BACK"),
+    ("node-0@1_0", "write NODE@AT or NODE@AT:BACK"),
 ])
 def test_failure_specs_that_cannot_happen_are_refused_when_parsed(spec, message):
     with pytest.raises(SaturnError, match=message):
@@ -393,6 +394,9 @@ def test_a_node_may_fail_again_after_it_came_back_and_a_name_may_hold_an_at():
     assert [(f.at_s, f.back_s) for f in fs] == [(10.0, 20.0), (30.0, None)]
     cluster = ClusterSpec.from_dict({"nodes": [{"name": "gpu@1", "gpus": 1}]})
     assert parse_failures("gpu@1@10:20", cluster)[0].node == "gpu@1"
+    cluster = ClusterSpec.from_dict({"nodes": [{"name": "rack1,gpu0", "gpus": 1}, {"name": "b", "gpus": 1}]})
+    fs = parse_failures("rack1,gpu0@10:20, b@5", cluster)  # a comma in a node name is not a separator
+    assert [(f.node, f.at_s, f.back_s) for f in fs] == [("rack1,gpu0", 10.0, 20.0), ("b", 5.0, None)]
     with pytest.raises(SaturnError, match="fails at 20 while it is down"):
         SimConfig(failures=(NodeFailure("n", 10.0), NodeFailure("n", 20.0)))
 

@@ -28,7 +28,7 @@ from ray_saturn.cli.args import (
     seed,
 )
 from ray_saturn.cli.run import add_storage_option
-from ray_saturn.limits import MAX_GPUS_PER_NODE, MAX_NOISE
+from ray_saturn.limits import MAX_GPUS_PER_NODE, MAX_NOISE, parse_float
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.runtime.emulation import emulate
 from ray_saturn.sim.workload import parse_arrivals
@@ -43,7 +43,7 @@ MAX_TIME_SCALE = 1000.0
 def time_scale(text: str) -> float:
     """--time-scale: a finite factor > 0 (wall seconds per profile second), at most MAX_TIME_SCALE."""
     try:
-        value = float(text)
+        value = parse_float(text)
     except ValueError:
         value = float("nan")
     if not (0 < value <= MAX_TIME_SCALE):

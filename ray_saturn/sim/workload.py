@@ -28,6 +28,7 @@ from __future__ import annotations
 import csv
 import itertools
 import math
+import re
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from ray_saturn.errors import SpecError
-from ray_saturn.limits import MAX_NOISE, MAX_RUNTIME_S, number
+from ray_saturn.limits import MAX_NOISE, MAX_RUNTIME_S, number, parse_float
 from ray_saturn.profile_table import ProfileTable, is_empty_cell
 from ray_saturn.spec import ClusterSpec
 
@@ -91,7 +92,7 @@ def parse_arrivals(spec: str | None, profile: ProfileTable, *, seed: int) -> dic
     spec = spec.strip()
     if spec.startswith("poisson:"):
         try:
-            rate = float(spec.split(":", 1)[1])
+            rate = parse_float(spec.split(":", 1)[1])
         except ValueError:
             rate = -1.0
         if not (rate > 0 and math.isfinite(rate)):
@@ -195,13 +196,13 @@ class NodeFailure:
 def parse_failures(spec: str, cluster: ClusterSpec) -> list[NodeFailure]:
     """``NODE@AT[:BACK],...`` (seconds), e.g. ``node-1@3600:7200,node-2@5000``."""
     out = []
-    for part in filter(None, (p.strip() for p in spec.split(","))):
+    for part in _failure_parts(spec):
         node, sep, times = part.rpartition("@")  # the last @: a node name may hold one
         at, _, back = times.partition(":")
         try:
             if not sep or not node:
                 raise ValueError
-            at_s, back_s = float(at), float(back) if back else None
+            at_s, back_s = parse_float(at), parse_float(back) if back else None
         except ValueError:
             raise SpecError(f"--failures {part!r}: write NODE@AT or NODE@AT:BACK (seconds)") from None
         failure = NodeFailure(node, at_s, back_s)  # its own one-line error for times out of order
@@ -209,6 +210,26 @@ def parse_failures(spec: str, cluster: ClusterSpec) -> list[NodeFailure]:
         out.append(failure)
     check_failures(out)
     return out
+
+
+_TIMES_TAIL = re.compile(r"@[^@,]*$")
+
+
+def _failure_parts(spec: str) -> list[str]:
+    """Split ``NODE@AT[:BACK],...`` at the commas between failures; a node name may hold a comma.
+
+    A piece with no ``@TIMES`` at its end is the start of a node name and joins the next piece.
+    """
+    parts: list[str] = []
+    pending = ""
+    for piece in spec.split(","):
+        pending = f"{pending},{piece}" if pending else piece
+        if _TIMES_TAIL.search(pending):
+            parts.append(pending.strip())
+            pending = ""
+    if pending.strip():
+        parts.append(pending.strip())  # no times at all: its own one-line error
+    return [p for p in parts if p]
 
 
 def check_failures(failures: Sequence[NodeFailure]) -> None:
