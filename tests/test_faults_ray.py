@@ -136,7 +136,7 @@ def test_reclaim_ends_what_a_dead_driver_left_and_nothing_of_a_live_one():
 
 def test_a_sigkilled_emulate_is_private_resumable_and_leaves_ray_usable(tmp_path):
     rows = [{"task": f"job-{i}", "strategy": "ddp", "gpus": 1, "step_time_s": 1.0, "steps": s}
-            for i, s in enumerate((200, 1500, 1500, 1500))]
+            for i, s in enumerate((200, 1000, 1000, 1000))]
     ProfileTable.from_rows(rows).write(tmp_path / "p.csv")
     run_dir = tmp_path / "run"
     global_file = Path("/tmp/ray/ray_current_cluster")
@@ -160,23 +160,38 @@ def test_a_sigkilled_emulate_is_private_resumable_and_leaves_ray_usable(tmp_path
             going = any(r["state"] == "running" and 300 <= r["steps_done"] <= r["total_steps"] - 300 for r in t)
             return st if done and going else None
 
-        at_kill = _wait(progress, "the emulated run finishes a task while another is 300 steps in")
-        private = cluster_environ(proc.pid)
+        def cluster_address():
+            if proc.poll() is not None:
+                raise AssertionError(f"emulate ended early: {proc.communicate()[1][-2000:]}")
+            env_of_cluster = cluster_environ(proc.pid)
+            where = Path(env_of_cluster.get("RAY_TMPDIR", "/nonexistent")) / "ray" / "ray_current_cluster"
+            return (env_of_cluster, where.read_text().strip()) if where.exists() else None
+
+        private, address = _wait(cluster_address, "the emulated cluster to start")
         assert private.get("RAY_AUTH_MODE") == "token" and len(private.get("RAY_AUTH_TOKEN", "")) == 64, private
-        address = (Path(private["RAY_TMPDIR"]) / "ray" / "ray_current_cluster").read_text().strip()
         assert address.startswith("127.0.0.1:"), address
         after = global_file.stat().st_mtime if global_file.exists() else None
         assert after == before, "emulate wrote the machine-wide address file"
-        # A client without the token is turned away.
+        # A client without the token is turned away, by the token check (Ray retries its GCS connection once a
+        # second, 20 times by default; 5 here), and while the cluster is up.
         probe = (f"import ray; ray.init(address={address!r}, log_to_driver=False); "
                  "print('RAN', ray.get(ray.remote(lambda: 1).remote()))")
         # (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: connect to 127.0.0.1 as given, not the machine's address.)
+        prober = subprocess.Popen([sys.executable, "-c", probe], env={**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+                                                                     "RAY_gcs_server_port_wait_time_s": "5"},
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            out = subprocess.run([sys.executable, "-c", probe], env={**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
-                                 capture_output=True, text=True, timeout=120)
-            assert "RAN" not in out.stdout and out.returncode != 0, out.stdout[-500:]
+            _wait(progress, "the emulated run finishes a task while another is 300 steps in")
+            probed, _ = prober.communicate(timeout=120)
+            assert "RAN" not in probed and prober.returncode != 0, probed[-500:]
+            assert "InvalidAuthToken" in probed, probed[-2000:]
         except subprocess.TimeoutExpired:
             pass  # it never got in
+        finally:
+            if prober.poll() is None:
+                prober.kill()
+                prober.wait(timeout=30)
+        assert proc.poll() is None, "the cluster must still be up when the probe was refused"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         # What the run had recorded when it died (tasks went on during the checks above).
