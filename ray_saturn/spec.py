@@ -60,7 +60,7 @@ def check_name(name: object, what: str = "task name") -> str:
         raise SpecError(f"{what} {name[:20]!r}... is {len(name)} characters; use at most {_MAX_NAME}")
     if not _NAME_RE.fullmatch(name) or name in (".", ".."):
         raise SpecError(
-            f"{what} {name!r} is not allowed: use letters, digits and . _ + = @ , - "
+            f"{what} {name!r} is not allowed: use ASCII letters, digits and . _ + = @ , - "
             "only, starting with a letter or digit (no '/', '..', spaces or NUL)"
         )
     return name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections import defaultdict
@@ -408,6 +409,21 @@ def test_cli_recovery_without_random_failures_is_refused(tmp_path, capsys):
     _one_gpu_tasks(10).write(p)
     assert main(["simulate", str(p), "--nodes", "1", "--gpus-per-node", "1", "--recovery", "30"]) == 2
     assert "--recovery S applies to --random-failures K only" in capsys.readouterr().err
+
+
+def test_cli_simulate_keeps_the_controllers_simulated_clock_warnings_for_verbose(tmp_path, capsys, caplog):
+    """A failed simulate printed the controller's WARNING lines (t=20 s: no node is alive) before its error."""
+    from ray_saturn.cli import main
+
+    p = tmp_path / "p.csv"
+    _one_gpu_tasks(100).write(p)
+    args = ["simulate", str(p), "--nodes", "2", "--gpus-per-node", "1", "--failures", "node-0@10,node-1@20"]
+    assert main(args) == 2
+    assert "never came back" in capsys.readouterr().err
+    assert not [r for r in caplog.records if r.name.startswith("ray_saturn.control")]
+    assert main(["-v", *args]) == 2
+    assert any("no node is alive" in r.getMessage() for r in caplog.records)
+    assert logging.getLogger("ray_saturn.control").level == logging.NOTSET  # put back after the command
 
 
 def test_the_planned_makespan_is_the_first_plan_that_knew_every_task():

@@ -18,6 +18,11 @@ def test_names_that_could_escape_a_folder_are_rejected(bad):
         check_name(bad)
 
 
+def test_a_name_with_a_letter_outside_ascii_is_told_ascii():
+    with pytest.raises(SpecError, match="use ASCII letters, digits"):  # it said "letters": é is one
+        check_name("bért")
+
+
 @pytest.mark.parametrize("good", ["bert-4", "gpt_lr1e-3", "a.b", "x+y=z", "A9"])
 def test_ordinary_names_pass(good):
     assert check_name(good) == good

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
 from ray_saturn import defaults
@@ -127,6 +128,19 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The controller warns of what it sees on the simulated clock (a node lost, no node alive); per event that
+    # is noise here, and what matters ends up in the results or the one-line error. -v shows them.
+    control = logging.getLogger("ray_saturn.control")
+    level = control.level
+    if not getattr(args, "verbose", 0):
+        control.setLevel(logging.ERROR)
+    try:
+        return _run(args)
+    finally:
+        control.setLevel(level)
+
+
+def _run(args: argparse.Namespace) -> int:
     cluster = cluster_from_args(args)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:
