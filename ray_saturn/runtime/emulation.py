@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 import uuid
@@ -23,6 +24,7 @@ from typing import Any
 
 from ray_saturn import defaults
 from ray_saturn.errors import SaturnError, SpecError
+from ray_saturn.limits import MAX_RUNTIME_S, number
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.runtime.actor import (
     check_new_run_folder,
@@ -38,6 +40,7 @@ from ray_saturn.runtime.local import LOCALHOST, private_ray_environment
 from ray_saturn.runtime.reclaim import reclaim_dead_runs
 from ray_saturn.runtime.records import DriverResult
 from ray_saturn.runtime.storage import RunStorage
+from ray_saturn.spec import ClusterSpec, NodeSpec
 
 __all__ = [
     "MAX_EMULATED_NODES",
@@ -133,6 +136,9 @@ def check_emulated_types(nodes: int, gpu_types: Sequence[str | None] | None) -> 
 
     if gpu_types is None:
         return [None] * nodes
+    if isinstance(gpu_types, (str, bytes)):
+        raise SpecError(f"gpu_types is the text {gpu_types!r}; give a list of one GPU type per emulated node, "
+                        f"e.g. {[gpu_types] * nodes!r} (the CLI's --gpu-types takes them comma-separated)")
     types = [check_gpu_type(t, f"GPU type of emulated node {i}") for i, t in enumerate(gpu_types)]
     if len(types) != nodes:
         raise SpecError(
@@ -245,18 +251,25 @@ def emulate(
     ``gpu_types``: one GPU type per emulated node (see :func:`emulated_cluster`).
     ``config`` defaults to :func:`~ray_saturn.runtime.config.emulation_config`;
     ``policy`` and ``seed``, when given, must agree with ``config``'s (or
-    set them when there is no ``config``).
+    set them when there is no ``config``). ``arrivals``: profile seconds
+    per task (a task not named arrives at 0).
+
+    Refused in one line before anything is written or started: a time
+    scale that is not a finite factor > 0, arrivals of tasks the profile
+    does not have (or not finite and >= 0), a cluster this machine cannot
+    emulate, a task that fits none of its nodes, and ``use_running_ray``
+    with Ray not initialised.
     """
     table = profile if isinstance(profile, ProfileTable) else ProfileTable.read(profile)
     table.check_feasible()
+    time_scale = _time_scale(time_scale)
+    arrivals = _checked_arrivals(arrivals, table)
     if config is None:
         cfg = emulation_config(time_scale, policy=policy or defaults.POLICY, seed=seed or 0)
     else:
         for what, given, have in (("policy", policy, config.policy), ("seed", seed, config.seed)):
             if given is not None and given != have:
                 raise SaturnError(f"{what} is {given!r} but config.{what} is {have!r}; give it once")
-        if not time_scale > 0:
-            raise SaturnError(f"--time-scale is {time_scale}; give a factor > 0 (wall seconds per profile second)")
         cfg = replace(config)
     check_policy(cfg.policy)
     name = name or f"emulate-{uuid.uuid4().hex[:8]}"
@@ -270,9 +283,20 @@ def emulate(
                           **({"gpu_types": list(gpu_types)} if gpu_types else {})},
         arrivals=dict(arrivals or {}),
     )
-    if not use_running_ray:
-        check_emulated_nodes(nodes, gpus_per_node)  # before anything is written or started
-        check_emulated_types(nodes, gpu_types)
+    # Before anything is written or started: the cluster can be emulated and every task fits it.
+    if use_running_ray:
+        import ray
+
+        if not ray.is_initialized():
+            raise SpecError("use_running_ray=True but Ray is not initialised in this process; call ray.init() "
+                            "(or start a ray.cluster_utils.Cluster) first, or leave use_running_ray out to start "
+                            "an emulated cluster")
+        _check_fits(table, ClusterSpec.from_ray())
+    else:
+        check_emulated_nodes(nodes, gpus_per_node)
+        types = check_emulated_types(nodes, gpu_types)
+        _check_fits(table, ClusterSpec(tuple(NodeSpec(f"node-{i}", gpus_per_node, gpu_type=t)
+                                             for i, t in enumerate(types))))
     if storage is None:
         import tempfile
 
@@ -293,6 +317,37 @@ def emulate(
     out["wall_s"] = round(wall, 3)
     out["run_dir"] = store.uri
     return out
+
+
+def _time_scale(value: Any) -> float:
+    """``time_scale`` as a float: finite, > 0, and with a finite inverse (the profile seconds per wall second)."""
+    f = number(value, "time_scale (wall seconds per profile second)", low=0, low_open=True, error=SaturnError)
+    if not math.isfinite(1.0 / f):
+        raise SaturnError(f"time_scale (wall seconds per profile second) is {value!r}; give a finite factor > 0 "
+                          "whose inverse is finite too, e.g. 0.001")
+    return f
+
+
+def _checked_arrivals(arrivals: Mapping[str, float] | None, table: ProfileTable) -> dict[str, float]:
+    """``arrivals`` (task -> profile seconds; a task not named arrives at 0) with every name a task of the
+    profile and every time a finite number >= 0, else a one-line :class:`SpecError`."""
+    if arrivals is None:
+        return {}
+    if not isinstance(arrivals, Mapping):
+        raise SpecError(f"arrivals is a {type(arrivals).__name__}; give a mapping of task name -> arrival (s)")
+    tasks = set(table.tasks)
+    unknown = [t for t in arrivals if t not in tasks]
+    if unknown:
+        raise SpecError(f"arrivals: task(s) {', '.join(repr(t) for t in unknown[:5])} are not in the profile; "
+                        "drop them or fix their names")
+    return {t: number(a, f"arrivals[{t!r}]", low=0, high=MAX_RUNTIME_S) for t, a in arrivals.items()}
+
+
+def _check_fits(table: ProfileTable, cluster: ClusterSpec) -> None:
+    """A one-line :class:`SpecError` naming a task that fits no node (or set of nodes) of ``cluster``."""
+    from ray_saturn.solver import build_problem
+
+    build_problem(table, cluster)
 
 
 def emulation_report(result: DriverResult) -> dict[str, Any]:
