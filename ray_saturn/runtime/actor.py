@@ -104,8 +104,14 @@ def _actor_cls():
 
             self.storage_uri = storage_uri
             storage = RunStorage(storage_uri)
+            live = ClusterSpec.from_ray()
+            recorded = (settings.emulated_cluster or {}).get("cluster") if settings.mode == "emulate" else None
+            if recorded:  # the nodes of a cluster file, called by their names in it
+                from ray_saturn.runtime.emulation import name_emulated_nodes
+
+                live = name_emulated_nodes(live, [n["name"] for n in recorded["nodes"]])
             manager = PlacementGroupManager(
-                ClusterSpec.from_ray(),
+                live,
                 cpus_per_worker=settings.cpus_per_worker,
                 run_name=settings.name,
             )
