@@ -5,7 +5,8 @@ and executes it with the driver actor, placement groups, progress reports,
 checkpoints and re-planning; each task's step sleeps step_time_s x
 --time-scale (x a seeded noise factor). Shares of one GPU (gpus = 1/k) run
 as fractional-GPU bundles on one logical GPU; --gpu-types gives each node a
-GPU type for profiles with a gpu_type column. With --json, times are profile
+GPU type for profiles with a gpu_type column; --cluster FILE gives nodes of
+different sizes and types (named as in the file). With --json, times are profile
 seconds (wall / time scale).
 """
 
@@ -74,10 +75,14 @@ def add_parser(sub) -> None:
         "emulate", help="run the runtime on emulated tasks on a local cluster", description=__doc__
     )
     add_profile_argument(p, verb="emulate")
-    p.add_argument("--nodes", type=count("--nodes", high=MAX_EMULATED_NODES), required=True,
+    p.add_argument("--nodes", type=count("--nodes", high=MAX_EMULATED_NODES),
                    help=f"emulated nodes (one raylet each on this machine; at most {MAX_EMULATED_NODES})")
-    p.add_argument("--gpus-per-node", type=count("--gpus-per-node", high=MAX_GPUS_PER_NODE), required=True,
+    p.add_argument("--gpus-per-node", type=count("--gpus-per-node", high=MAX_GPUS_PER_NODE),
                    help="logical GPUs per node")
+    p.add_argument("--cluster", metavar="FILE",
+                   help='instead of --nodes/--gpus-per-node/--gpu-types: a cluster JSON file as plan takes it, '
+                   '{"nodes": [{"name": "a", "gpus": 4, "gpu_type": "fast"}, ...]}; each node is emulated with its '
+                   "GPUs and type, and called by its name")
     p.add_argument(
         "--time-scale",
         type=time_scale,
@@ -125,9 +130,18 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     # Everything is checked before the local cluster starts: flags (by their types), the policy,
     # the profile and that every task fits the emulated cluster.
+    from ray_saturn.errors import SpecError
     from ray_saturn.runtime.config import check_policy, emulation_config
+    from ray_saturn.runtime.emulation import checked_emulated_spec
     from ray_saturn.solver import build_problem
 
+    spec = None
+    if args.cluster:
+        if args.nodes is not None or args.gpus_per_node is not None or args.gpu_types is not None:
+            raise SpecError("give either --cluster FILE or --nodes N --gpus-per-node G (and --gpu-types), not both")
+        spec = checked_emulated_spec(ClusterSpec.from_json(args.cluster))
+    elif args.nodes is None or args.gpus_per_node is None:
+        raise SpecError("give --nodes N and --gpus-per-node G (or --cluster FILE)")
     check_policy(args.policy)
     cfg = emulation_config(
         args.time_scale, policy=args.policy, seed=args.seed, solver_time_limit_s=args.solver_time_limit
@@ -140,14 +154,18 @@ def run(args: argparse.Namespace) -> int:
     from ray_saturn.runtime.emulation import check_emulated_types
     from ray_saturn.spec import NodeSpec
 
-    types = check_emulated_types(args.nodes, args.gpu_types)
-    # The emulated nodes as the driver will see them (names aside): every task must fit one of its types.
-    build_problem(profile, ClusterSpec(tuple(NodeSpec(f"node-{i}", args.gpus_per_node, gpu_type=t)
-                                             for i, t in enumerate(types))))
+    if spec is None:
+        types = check_emulated_types(args.nodes, args.gpu_types)
+        # The emulated nodes as the driver will see them (names aside): every task must fit one of its types.
+        build_problem(profile, ClusterSpec(tuple(NodeSpec(f"node-{i}", args.gpus_per_node, gpu_type=t)
+                                                 for i, t in enumerate(types))))
+    else:
+        build_problem(profile, spec)
     out = emulate(
         profile,
         args.nodes,
         args.gpus_per_node,
+        cluster=spec,
         time_scale=args.time_scale,
         noise=args.noise,
         storage=args.storage,

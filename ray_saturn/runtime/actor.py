@@ -23,7 +23,16 @@ from typing import Any
 from ray_saturn.errors import SaturnError
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.runtime.config import RunSettings
-from ray_saturn.runtime.journal import GANTT_FILE, PLAN_FILE, PROFILE_FILE, RUN_FILE, Journal
+from ray_saturn.runtime.journal import (
+    EVENTS_FILE,
+    GANTT_FILE,
+    PLAN_FILE,
+    PROFILE_FILE,
+    RUN_FILE,
+    STATE_BACKUP_FILE,
+    STATE_FILE,
+    Journal,
+)
 from ray_saturn.runtime.launcher import on_head_node
 from ray_saturn.runtime.lease import RunLease, live_owner, locked_error
 from ray_saturn.runtime.records import DriverResult, TaskRecord
@@ -40,6 +49,7 @@ __all__ = [
     "check_new_run_folder",
     "connected",
     "driver_name",
+    "enclosing_run",
     "end_orphaned_driver",
     "interrupts_named",
     "is_driver_class",
@@ -94,8 +104,14 @@ def _actor_cls():
 
             self.storage_uri = storage_uri
             storage = RunStorage(storage_uri)
+            live = ClusterSpec.from_ray()
+            recorded = (settings.emulated_cluster or {}).get("cluster") if settings.mode == "emulate" else None
+            if recorded:  # the nodes of a cluster file, called by their names in it
+                from ray_saturn.runtime.emulation import name_emulated_nodes
+
+                live = name_emulated_nodes(live, [n["name"] for n in recorded["nodes"]])
             manager = PlacementGroupManager(
-                ClusterSpec.from_ray(),
+                live,
                 cpus_per_worker=settings.cpus_per_worker,
                 run_name=settings.name,
             )
@@ -187,6 +203,12 @@ def check_new_run_folder(storage: RunStorage, *, ours: RunLease | None = None) -
             f"{storage.display} already holds a run; resume it with `ray-saturn resume {storage.display}` "
             "or choose another folder"
         )
+    outer = enclosing_run(storage)
+    if outer is not None:
+        raise StorageError(
+            f"{storage.display} is inside the folder of another run ({outer}); a new run there would mix its "
+            "files with that run's (its task folders, its resume): give a folder outside every run folder"
+        )
     tasks, files = _left_by_a_run(storage)
     if tasks or files:
         held = ([f"{TASKS_DIR}/ ({', '.join(tasks[:3])}{', ...' if len(tasks) > 3 else ''})"] if tasks else []) + files
@@ -196,6 +218,39 @@ def check_new_run_folder(storage: RunStorage, *, ours: RunLease | None = None) -
             f"{storage.display} holds {', '.join(held)} but no run to resume (no {RUN_FILE}); a new run here "
             f"would {harm}: give a new or empty folder, or move them away"
         )
+
+
+def enclosing_run(storage: RunStorage) -> str | None:
+    """The nearest folder above ``storage`` that holds a run (its settings, state or events), as said in
+    messages (a URI with secrets redacted); ``None`` if none does. A folder above that cannot be read
+    (no rights on a bucket's parent prefix) counts as holding none."""
+    import posixpath
+    from urllib.parse import urlsplit, urlunsplit
+
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+    path = os.path.realpath(storage.path) if storage.local else storage.path.rstrip("/")
+    up = 0
+    while True:
+        parent = os.path.dirname(path) if storage.local else posixpath.dirname(path)
+        if not parent or parent == path or (not storage.local and parent == "/"):
+            return None
+        path, up = parent, up + 1
+        names = [posixpath.join(path, n) for n in (RUN_FILE, STATE_FILE, STATE_BACKUP_FILE, EVENTS_FILE)]
+        try:
+            infos = storage.fs.get_file_info(names)
+        except (OSError, pa.ArrowException):
+            continue
+        if all(i.type == pafs.FileType.NotFound for i in infos):
+            continue
+        if storage.local:
+            return path
+        s = urlsplit(storage.uri)
+        above = s.path.rstrip("/")
+        for _ in range(up):
+            above = posixpath.dirname(above)
+        return redact_uri(urlunsplit((s.scheme, s.netloc, above, s.query, s.fragment)))
 
 
 def _left_by_a_run(storage: RunStorage) -> tuple[list[str], list[str]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 import uuid
@@ -23,6 +24,7 @@ from typing import Any
 
 from ray_saturn import defaults
 from ray_saturn.errors import SaturnError, SpecError
+from ray_saturn.limits import MAX_RUNTIME_S, number
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.runtime.actor import (
     check_new_run_folder,
@@ -38,16 +40,19 @@ from ray_saturn.runtime.local import LOCALHOST, private_ray_environment
 from ray_saturn.runtime.reclaim import reclaim_dead_runs
 from ray_saturn.runtime.records import DriverResult
 from ray_saturn.runtime.storage import RunStorage
+from ray_saturn.spec import ClusterSpec, NodeSpec
 
 __all__ = [
     "MAX_EMULATED_NODES",
     "MAX_EMULATED_WORKERS",
     "check_emulated_nodes",
     "check_emulated_types",
+    "checked_emulated_spec",
     "emulate",
     "emulated_cluster",
     "emulated_context",
     "emulation_report",
+    "name_emulated_nodes",
     "private_ray_environment",
 ]
 
@@ -75,7 +80,9 @@ def _whole(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
-def check_emulated_nodes(nodes: int, gpus_per_node: int = 1, *, recorded_in: str | None = None) -> int:
+def check_emulated_nodes(
+    nodes: int, gpus_per_node: int = 1, *, recorded_in: str | None = None, workers: int | None = None
+) -> int:
     """``nodes`` if this machine can run that many emulated nodes of ``gpus_per_node`` worker slots
     each (every node gets as many logical CPUs as GPUs), else a one-line :class:`SpecError`.
 
@@ -85,6 +92,8 @@ def check_emulated_nodes(nodes: int, gpus_per_node: int = 1, *, recorded_in: str
     memory, never more than :data:`MAX_EMULATED_NODES` nodes nor
     :data:`MAX_EMULATED_WORKERS` slots. ``recorded_in``: the ``run.json``
     the sizes come from (a resume), named instead of the flags.
+    ``workers``: the slots of all nodes together when their sizes differ
+    (a cluster file; ``gpus_per_node`` is then the largest node's).
 
     Example:
         >>> check_emulated_nodes(2, 4)
@@ -97,7 +106,10 @@ def check_emulated_nodes(nodes: int, gpus_per_node: int = 1, *, recorded_in: str
         raise SpecError(f"{flags[0]} is {nodes!r}; give a whole number of emulated nodes >= 1{fix}")
     if _whole(gpus_per_node) is None:
         raise SpecError(f"{flags[1]} is {gpus_per_node!r}; give a whole number of GPUs per node >= 1{fix}")
-    workers = nodes * gpus_per_node
+    sizes = f"{nodes} emulated nodes x {gpus_per_node} GPUs" if workers is None else \
+        f"{nodes} emulated nodes of {workers} GPUs in all"
+    flag = "--nodes x --gpus-per-node" if workers is None else "the GPUs of all nodes"
+    workers = nodes * gpus_per_node if workers is None else workers
     mem = _machine_memory_gb()
     node_limit, worker_limit = MAX_EMULATED_NODES, MAX_EMULATED_WORKERS
     if mem is not None:
@@ -113,11 +125,11 @@ def check_emulated_nodes(nodes: int, gpus_per_node: int = 1, *, recorded_in: str
         )
     if workers > worker_limit:
         raise SpecError(
-            f"{recorded_in + ': ' if recorded_in else ''}{nodes} emulated nodes x {gpus_per_node} GPUs = {workers} "
+            f"{recorded_in + ': ' if recorded_in else ''}{sizes} = {workers} "
             "worker slots are more than this "
             f"machine can emulate: each GPU of an emulated node is a CPU slot, and Ray starts an idle worker "
             f"process (about {EMULATED_WORKER_GB} GB) per slot; the limit ({MAX_EMULATED_WORKERS} slots{mem_text}) "
-            f"allows {worker_limit}; {todo or f'give --nodes x --gpus-per-node <= {worker_limit}'}"
+            f"allows {worker_limit}; {todo or f'give {flag} <= {worker_limit}'}"
         )
     return nodes
 
@@ -133,6 +145,9 @@ def check_emulated_types(nodes: int, gpu_types: Sequence[str | None] | None) -> 
 
     if gpu_types is None:
         return [None] * nodes
+    if isinstance(gpu_types, (str, bytes)):
+        raise SpecError(f"gpu_types is the text {gpu_types!r}; give a list of one GPU type per emulated node, "
+                        f"e.g. {[gpu_types] * nodes!r} (the CLI's --gpu-types takes them comma-separated)")
     types = [check_gpu_type(t, f"GPU type of emulated node {i}") for i, t in enumerate(gpu_types)]
     if len(types) != nodes:
         raise SpecError(
@@ -142,11 +157,56 @@ def check_emulated_types(nodes: int, gpu_types: Sequence[str | None] | None) -> 
     return types
 
 
+#: The label an emulated node of a cluster file carries: its position in the file (Ray's label values
+#: cannot hold every node name, e.g. ``a,b``).
+NODE_INDEX_LABEL = "ray-saturn.io/emulated-node"
+
+
+def checked_emulated_spec(cluster: Any, *, recorded_in: str | None = None) -> ClusterSpec:
+    """``cluster`` (a :class:`ClusterSpec`, or its dict as in a cluster file) if this machine can emulate it,
+    else a one-line :class:`SpecError`."""
+    if isinstance(cluster, Mapping):
+        try:
+            cluster = ClusterSpec.from_dict(cluster)
+        except SpecError as exc:
+            raise SpecError(f"{recorded_in}: emulated_cluster.cluster: {exc}" if recorded_in else str(exc)) from None
+    if not isinstance(cluster, ClusterSpec):
+        raise SpecError(f"the cluster is a {type(cluster).__name__}; give a ClusterSpec (ClusterSpec.from_json(path) "
+                        "reads a cluster file)")
+    check_emulated_nodes(len(cluster.nodes), max(n.gpus for n in cluster.nodes), recorded_in=recorded_in,
+                         workers=cluster.total_gpus)
+    return ClusterSpec(tuple(NodeSpec(n.name, n.gpus, gpu_type=n.gpu_type) for n in cluster.nodes))
+
+
+def name_emulated_nodes(live: ClusterSpec, names: Sequence[str]) -> ClusterSpec:
+    """``live`` (read from Ray) with each emulated node of a cluster file called by its name in the file
+    (``names``, in file order; found by :data:`NODE_INDEX_LABEL`); other nodes keep their names."""
+    import ray
+
+    index = {i["NodeID"]: (i.get("Labels") or {}).get(NODE_INDEX_LABEL) for i in ray.nodes()}
+    out = []
+    for n in live.nodes:
+        at = index.get(n.node_id)
+        if isinstance(at, str) and at.isascii() and at.isdigit() and int(at) < len(names):
+            n = NodeSpec(names[int(at)], n.gpus, n.node_id, n.gpu_type)
+        out.append(n)
+    return ClusterSpec(tuple(sorted(out, key=lambda n: n.name)))
+
+
 @contextlib.contextmanager
 def emulated_cluster(
-    nodes: int, gpus_per_node: int, *, cpus_per_node: int | None = None, gpu_types: Sequence[str | None] | None = None
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    *,
+    cpus_per_node: int | None = None,
+    gpu_types: Sequence[str | None] | None = None,
+    cluster: ClusterSpec | None = None,
 ) -> Iterator[Any]:
     """A local ``ray.cluster_utils.Cluster``: a GPU-less head and ``nodes`` nodes of logical GPUs.
+
+    ``cluster`` instead: one emulated node per node of that spec, with its
+    GPUs and GPU type, labelled with its position (:data:`NODE_INDEX_LABEL`)
+    so that the driver calls it by its name (:func:`name_emulated_nodes`).
 
     ``gpu_types``, one per node (``None``: untyped), gives node i Ray's
     ``accelerator_type:<T>`` resource, which :meth:`ClusterSpec.from_ray` reads
@@ -159,10 +219,16 @@ def emulated_cluster(
     (:func:`private_ray_environment`); ``nodes`` is checked
     (:func:`check_emulated_nodes`) before any process starts.
     """
-    if cpus_per_node is None:
-        cpus_per_node = gpus_per_node
-    check_emulated_nodes(nodes, cpus_per_node)
-    types = check_emulated_types(nodes, gpu_types)
+    if cluster is not None:
+        if nodes is not None or gpus_per_node is not None or gpu_types is not None or cpus_per_node is not None:
+            raise SpecError("give either cluster or nodes, gpus_per_node and gpu_types, not both")
+        cluster = checked_emulated_spec(cluster)
+        shapes = [(n.gpus, n.gpus, n.gpu_type, {NODE_INDEX_LABEL: str(i)}) for i, n in enumerate(cluster.nodes)]
+    else:
+        if cpus_per_node is None:
+            cpus_per_node = gpus_per_node
+        check_emulated_nodes(nodes, cpus_per_node)  # type: ignore[arg-type]
+        shapes = [(cpus_per_node, gpus_per_node, t, None) for t in check_emulated_types(nodes, gpu_types)]
     import ray
     from ray.cluster_utils import Cluster
 
@@ -182,22 +248,24 @@ def emulated_cluster(
         "gcs_create_placement_group_retry_max_interval_ms": 100,
     }
     with private_ray_environment():
-        cluster = None
+        local = None
         try:
-            cluster = LocalCluster(
+            local = LocalCluster(
                 initialize_head=True,
                 head_node_args={"num_cpus": 1, "num_gpus": 0, "_system_config": system_config},
             )
-            for t in types:
-                extra = {"resources": {f"accelerator_type:{t}": 1.0}} if t else {}
-                cluster.add_node(num_cpus=cpus_per_node, num_gpus=gpus_per_node, **extra)
-            ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
-            cluster.wait_for_nodes()
-            yield cluster
+            for cpus, gpus, t, labels in shapes:
+                extra: dict[str, Any] = {"resources": {f"accelerator_type:{t}": 1.0}} if t else {}
+                if labels:
+                    extra["labels"] = labels
+                local.add_node(num_cpus=cpus, num_gpus=gpus, **extra)
+            ray.init(address=local.address, logging_level=logging.WARNING, log_to_driver=False)
+            local.wait_for_nodes()
+            yield local
         finally:
             ray.shutdown()
-            if cluster is not None:
-                cluster.shutdown()
+            if local is not None:
+                local.shutdown()
 
 
 @contextlib.contextmanager
@@ -213,6 +281,10 @@ def emulated_context(journal: Journal) -> Iterator[None]:
     if not isinstance(info, Mapping):
         raise SpecError(f"{recorded_in}: emulated_cluster is {info!r}; it must be an object "
                         '{"nodes": N, "gpus_per_node": G} (the run\'s emulated cluster is recorded there)')
+    if info.get("cluster") is not None:  # a cluster file's nodes
+        with emulated_cluster(cluster=checked_emulated_spec(info["cluster"], recorded_in=recorded_in)):
+            yield
+        return
     nodes, gpus = info.get("nodes", 1), info.get("gpus_per_node", 1)
     check_emulated_nodes(nodes, gpus, recorded_in=recorded_in)
     with emulated_cluster(nodes, gpus, gpu_types=info.get("gpu_types")):
@@ -221,8 +293,8 @@ def emulated_context(journal: Journal) -> Iterator[None]:
 
 def emulate(
     profile: ProfileTable | str | os.PathLike[str],
-    nodes: int,
-    gpus_per_node: int,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
     *,
     time_scale: float,
     noise: float = 0.0,
@@ -234,6 +306,7 @@ def emulate(
     name: str | None = None,
     arrivals: Mapping[str, float] | None = None,
     gpu_types: Sequence[str | None] | None = None,
+    cluster: ClusterSpec | str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """Run the real runtime on emulated tasks (contract 3); times in profile seconds.
 
@@ -243,36 +316,71 @@ def emulate(
     "tasks": [{"task", "state", "steps_done", "segments": [...]}]}``.
 
     ``gpu_types``: one GPU type per emulated node (see :func:`emulated_cluster`).
+    ``cluster`` (a :class:`ClusterSpec` or a cluster JSON file, as ``plan
+    --cluster`` takes) instead of ``nodes``/``gpus_per_node``/``gpu_types``:
+    nodes of different sizes and types, called by their names in it.
     ``config`` defaults to :func:`~ray_saturn.runtime.config.emulation_config`;
     ``policy`` and ``seed``, when given, must agree with ``config``'s (or
-    set them when there is no ``config``).
+    set them when there is no ``config``). ``arrivals``: profile seconds
+    per task (a task not named arrives at 0).
+
+    Refused in one line before anything is written or started: a time
+    scale that is not a finite factor > 0, arrivals of tasks the profile
+    does not have (or not finite and >= 0), a cluster this machine cannot
+    emulate, a task that fits none of its nodes, and ``use_running_ray``
+    with Ray not initialised.
     """
     table = profile if isinstance(profile, ProfileTable) else ProfileTable.read(profile)
     table.check_feasible()
+    time_scale = _time_scale(time_scale)
+    arrivals = _checked_arrivals(arrivals, table)
     if config is None:
         cfg = emulation_config(time_scale, policy=policy or defaults.POLICY, seed=seed or 0)
     else:
         for what, given, have in (("policy", policy, config.policy), ("seed", seed, config.seed)):
             if given is not None and given != have:
                 raise SaturnError(f"{what} is {given!r} but config.{what} is {have!r}; give it once")
-        if not time_scale > 0:
-            raise SaturnError(f"--time-scale is {time_scale}; give a factor > 0 (wall seconds per profile second)")
         cfg = replace(config)
     check_policy(cfg.policy)
     name = name or f"emulate-{uuid.uuid4().hex[:8]}"
+    spec = None
+    if cluster is not None:
+        if nodes is not None or gpus_per_node is not None or gpu_types is not None:
+            raise SpecError("give either cluster or nodes and gpus_per_node (and gpu_types), not both")
+        spec = checked_emulated_spec(cluster if isinstance(cluster, ClusterSpec) else ClusterSpec.from_json(cluster))
+        nodes, gpus_per_node = len(spec.nodes), max(n.gpus for n in spec.nodes)
+        shape: dict[str, Any] = {"nodes": nodes, "gpus_per_node": gpus_per_node, "cluster": spec.to_dict()}
+    elif nodes is None or gpus_per_node is None:
+        raise SpecError("give nodes and gpus_per_node (the emulated cluster), or cluster (a ClusterSpec or a "
+                        "cluster JSON file)")
+    else:
+        shape = {"nodes": nodes, "gpus_per_node": gpus_per_node,
+                 **({"gpu_types": list(gpu_types)} if gpu_types else {})}
     settings = RunSettings(
         name=name,
         mode="emulate",
         driver=cfg,
         time_scale=time_scale,
         noise=noise,
-        emulated_cluster={"nodes": nodes, "gpus_per_node": gpus_per_node,
-                          **({"gpu_types": list(gpu_types)} if gpu_types else {})},
+        emulated_cluster=shape,
         arrivals=dict(arrivals or {}),
     )
-    if not use_running_ray:
-        check_emulated_nodes(nodes, gpus_per_node)  # before anything is written or started
-        check_emulated_types(nodes, gpu_types)
+    # Before anything is written or started: the cluster can be emulated and every task fits it.
+    if use_running_ray:
+        import ray
+
+        if not ray.is_initialized():
+            raise SpecError("use_running_ray=True but Ray is not initialised in this process; call ray.init() "
+                            "(or start a ray.cluster_utils.Cluster) first, or leave use_running_ray out to start "
+                            "an emulated cluster")
+        _check_fits(table, ClusterSpec.from_ray())
+    elif spec is not None:
+        _check_fits(table, spec)
+    else:
+        check_emulated_nodes(nodes, gpus_per_node)
+        types = check_emulated_types(nodes, gpu_types)
+        _check_fits(table, ClusterSpec(tuple(NodeSpec(f"node-{i}", gpus_per_node, gpu_type=t)
+                                             for i, t in enumerate(types))))
     if storage is None:
         import tempfile
 
@@ -282,6 +390,7 @@ def emulate(
     with RunLease(store, command="emulate", run_name=name).held() as lease, interrupts_named(store, "emulate"):
         prepare_run(store, settings, table)
         ctx = (contextlib.nullcontext() if use_running_ray
+               else emulated_cluster(cluster=spec) if spec is not None
                else emulated_cluster(nodes, gpus_per_node, gpu_types=gpu_types))
         with ctx:
             reclaim_dead_runs()
@@ -293,6 +402,37 @@ def emulate(
     out["wall_s"] = round(wall, 3)
     out["run_dir"] = store.uri
     return out
+
+
+def _time_scale(value: Any) -> float:
+    """``time_scale`` as a float: finite, > 0, and with a finite inverse (the profile seconds per wall second)."""
+    f = number(value, "time_scale (wall seconds per profile second)", low=0, low_open=True, error=SaturnError)
+    if not math.isfinite(1.0 / f):
+        raise SaturnError(f"time_scale (wall seconds per profile second) is {value!r}; give a finite factor > 0 "
+                          "whose inverse is finite too, e.g. 0.001")
+    return f
+
+
+def _checked_arrivals(arrivals: Mapping[str, float] | None, table: ProfileTable) -> dict[str, float]:
+    """``arrivals`` (task -> profile seconds; a task not named arrives at 0) with every name a task of the
+    profile and every time a finite number >= 0, else a one-line :class:`SpecError`."""
+    if arrivals is None:
+        return {}
+    if not isinstance(arrivals, Mapping):
+        raise SpecError(f"arrivals is a {type(arrivals).__name__}; give a mapping of task name -> arrival (s)")
+    tasks = set(table.tasks)
+    unknown = [t for t in arrivals if t not in tasks]
+    if unknown:
+        raise SpecError(f"arrivals: task(s) {', '.join(repr(t) for t in unknown[:5])} are not in the profile; "
+                        "drop them or fix their names")
+    return {t: number(a, f"arrivals[{t!r}]", low=0, high=MAX_RUNTIME_S) for t, a in arrivals.items()}
+
+
+def _check_fits(table: ProfileTable, cluster: ClusterSpec) -> None:
+    """A one-line :class:`SpecError` naming a task that fits no node (or set of nodes) of ``cluster``."""
+    from ray_saturn.solver import build_problem
+
+    build_problem(table, cluster)
 
 
 def emulation_report(result: DriverResult) -> dict[str, Any]:
