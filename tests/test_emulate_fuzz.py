@@ -64,6 +64,21 @@ def test_a_run_folder_inside_another_run_is_refused(tmp_path, capsys, no_cluster
         emulate(str(profile), 1, 2, time_scale=0.01, storage=tmp_path / "beside")
 
 
+def test_stray_files_of_another_program_above_a_run_folder_are_not_a_run(tmp_path):
+    """Only a run.json that reads as a run's settings makes a folder a run's: a state.json or events.jsonl of
+    another program (in /tmp, say) must not refuse every run folder below it."""
+    from ray_saturn.runtime.actor import enclosing_run
+    from ray_saturn.runtime.storage import RunStorage
+
+    (tmp_path / "state.json").write_text('{"tasks": {}}')
+    (tmp_path / "events.jsonl").write_text("{}\n")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "run.json").write_text('{"name": "x", "mode": "build"}')  # someone else's run.json
+    assert enclosing_run(RunStorage(tmp_path / "a" / "b" / "run")) is None
+    _an_earlier_run(tmp_path / "a" / "b")
+    assert enclosing_run(RunStorage(tmp_path / "a" / "b" / "run")) == str(tmp_path / "a" / "b")
+
+
 def _files(folder):
     return sorted(p.name for p in folder.rglob("*") if p.is_file()) if folder.exists() else []
 

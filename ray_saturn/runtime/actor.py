@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 from collections.abc import Iterator, Mapping
@@ -24,13 +25,10 @@ from ray_saturn.errors import SaturnError
 from ray_saturn.profile_table import ProfileTable
 from ray_saturn.runtime.config import RunSettings
 from ray_saturn.runtime.journal import (
-    EVENTS_FILE,
     GANTT_FILE,
     PLAN_FILE,
     PROFILE_FILE,
     RUN_FILE,
-    STATE_BACKUP_FILE,
-    STATE_FILE,
     Journal,
 )
 from ray_saturn.runtime.launcher import on_head_node
@@ -221,14 +219,14 @@ def check_new_run_folder(storage: RunStorage, *, ours: RunLease | None = None) -
 
 
 def enclosing_run(storage: RunStorage) -> str | None:
-    """The nearest folder above ``storage`` that holds a run (its settings, state or events), as said in
-    messages (a URI with secrets redacted); ``None`` if none does. A folder above that cannot be read
-    (no rights on a bucket's parent prefix) counts as holding none."""
+    """The nearest folder above ``storage`` that holds a run, as said in messages (a URI with secrets
+    redacted); ``None`` if none does. A folder holds a run when its ``run.json`` reads as a run's settings
+    (a name and a mode): a stray ``state.json`` or ``events.jsonl`` of another program (in ``/tmp``, say)
+    does not make every folder below it a run's. A folder above that cannot be read (no rights on a
+    bucket's parent prefix) counts as holding none."""
     import posixpath
     from urllib.parse import urlsplit, urlunsplit
 
-    import pyarrow as pa
-    import pyarrow.fs as pafs
 
     path = os.path.realpath(storage.path) if storage.local else storage.path.rstrip("/")
     up = 0
@@ -237,12 +235,7 @@ def enclosing_run(storage: RunStorage) -> str | None:
         if not parent or parent == path or (not storage.local and parent == "/"):
             return None
         path, up = parent, up + 1
-        names = [posixpath.join(path, n) for n in (RUN_FILE, STATE_FILE, STATE_BACKUP_FILE, EVENTS_FILE)]
-        try:
-            infos = storage.fs.get_file_info(names)
-        except (OSError, pa.ArrowException):
-            continue
-        if all(i.type == pafs.FileType.NotFound for i in infos):
+        if not _holds_run_settings(storage.fs, posixpath.join(path, RUN_FILE)):
             continue
         if storage.local:
             return path
@@ -251,6 +244,26 @@ def enclosing_run(storage: RunStorage) -> str | None:
         for _ in range(up):
             above = posixpath.dirname(above)
         return redact_uri(urlunsplit((s.scheme, s.netloc, above, s.query, s.fragment)))
+
+
+def _holds_run_settings(fs: Any, path: str) -> bool:
+    """Whether ``path`` is a small JSON object with a run's ``name`` and ``mode`` (never raises)."""
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+    try:
+        info = fs.get_file_info(path)
+        if info.type != pafs.FileType.File or info.size > _MAX_RUN_FILE_BYTES:
+            return False
+        with fs.open_input_stream(path) as f:
+            data = json.loads(f.read())
+    except (OSError, ValueError, RecursionError, pa.ArrowException):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("name"), str) and data.get("mode") in ("train", "emulate")
+
+
+#: A run's ``run.json`` is a few KB; a larger file of that name is not one.
+_MAX_RUN_FILE_BYTES = 1 << 20
 
 
 def _left_by_a_run(storage: RunStorage) -> tuple[list[str], list[str]]:
