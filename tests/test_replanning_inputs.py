@@ -209,7 +209,9 @@ def test_a_replan_is_never_predicted_worse_than_carrying_on():
     worse_without = 0
     for _ in range(3):
         prof = _random_profile(rng, 40)
-        good = solve(prof, cluster, SaturnPolicy(deterministic=True), time_limit_s=1, seed=1)
+        # Deterministic (limits counted in work): 0.3 s of work finds the very plans 1 s did (makespans
+        # 886.4, 614.7 and 746.1 s), in about half the time.
+        good = solve(prof, cluster, SaturnPolicy(deterministic=True), time_limit_s=0.3, seed=1)
         ctx = PlanningContext(incumbent=_incumbent(good))
         quick = SaturnPolicy(deterministic=True)
         replan = solve(prof, cluster, quick, context=ctx, time_limit_s=0.01, seed=2)

@@ -953,13 +953,14 @@ def test_tuner_moves_a_trial_to_more_gpus_and_it_resumes_from_its_checkpoint(loc
     # scheduler moves only when the planned gain, net of the restart, exceeds the restart cost again
     # (control/moves.py). A cost measured from the trials' launches (5-8 s on 2 idle cores, 15-25 s on
     # loaded ones) made the move a coin toss, so this test, about the move's mechanics, fixes it at 2 s
-    # (~0.45 s gained a step over the ~40 steps left clears twice that); the rule against measured costs
-    # is test_move_when_gain_beats_measured_restart_and_only_after_tune_paused.
+    # (~0.27 s gained a step at 0.6 s a step over the ~40 steps left clears twice that 2.7 times; it still
+    # clears it with 15 steps left, 29 steps or ~17 s of launch skew after "short" stops); the rule
+    # against measured costs is test_move_when_gain_beats_measured_restart_and_only_after_tune_paused.
     scheduler = SaturnScheduler(rows, restart_s=2.0, measure_restart=False, cpus_per_trial=0.25)
     stop_short = tune.stopper.FunctionStopper(lambda tid, result: result["config"]["name"] == "short")
     tuner = tune.Tuner(
         saturn_trainable(functools.partial(slow_task, max_steps=steps), report_every=4),
-        param_space={"name": tune.grid_search(["long", "short"]), "delay_s": 1.0},
+        param_space={"name": tune.grid_search(["long", "short"]), "delay_s": 0.6},
         tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=scheduler, reuse_actors=False),
         run_config=tune.RunConfig(name="saturn-move", storage_path=str(tmp_path), verbose=0, stop=stop_short),
     )
