@@ -791,6 +791,23 @@ def test_a_trial_checkpoint_with_a_linked_file_is_not_followed(monkeypatch, tmp_
     assert [m["saturn_step"] for m, _ in again.reports] == [4, 8, 12]  # not resumed through the link
 
 
+def test_the_ranks_port_is_held_from_the_moment_it_is_chosen():
+    """The port was found by binding port 0 and closing the socket; rank 0 bound it seconds later, after
+    its process started, and another process could take it in between (EADDRINUSE, seen in the suite)."""
+    import socket
+
+    import torch.distributed as dist
+
+    from ray_saturn.tune._trainable import _rendezvous_store
+
+    store = _rendezvous_store()
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind(("127.0.0.1", store.port))  # nobody else can take it
+    client = dist.TCPStore("127.0.0.1", store.port, None, is_master=False)  # what a rank does
+    client.set("k", "v")
+    assert store.get("k") == b"v"
+
+
 def test_multi_gpu_trial_that_finishes_ends_cleanly(monkeypatch):
     # Two ranks over gloo; every rank exits on its own after the last step (never SIGTERM'd into an error).
     session = _train(monkeypatch, {"_saturn": {"strategy": "ddp", "gpus": 2}}, FakeSession())

@@ -175,9 +175,10 @@ def _rank_main(
     _set_rank_env(rank, ways)
     torch.set_num_threads(1)
     device = use_rank_device(rank)
+    store = dist.TCPStore("127.0.0.1", port, None, is_master=False)  # served by the trial's process
     dist.init_process_group(
         device.backend,
-        init_method=f"tcp://127.0.0.1:{port}",
+        store=store,
         rank=rank,
         world_size=ways,
         **({"device_id": device.device} if device.is_cuda else {}),
@@ -209,12 +210,15 @@ def _die_with_parent() -> None:
         pass
 
 
-def _free_port() -> int:
-    import socket
+def _rendezvous_store() -> Any:
+    """The ranks' rendezvous store, served by the trial's own process on a port the OS picks and it holds.
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    (A free port found by binding port 0 and closing it was free only until then: another process could
+    take it before rank 0 bound it, and the trial failed with EADDRINUSE.)
+    """
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False)
 
 
 def _report_to_tune(
@@ -252,9 +256,10 @@ def _run_multi(
 
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()  # a pipe, not a queue: no semaphores to leak
+    store = _rendezvous_store()  # held (and so its port) until the ranks are gone
     args = (
         decision.workers,
-        _free_port(),
+        store.port,
         cloudpickle.dumps(task),
         decision.strategy,
         dict(decision.knobs),
@@ -301,6 +306,7 @@ def _run_multi(
                 p.terminate()
         for p in procs.processes:
             p.join(timeout=10)
+        del store
 
 
 def _run_trial(make_task: Callable[[dict], Task], config: dict, report_every: int) -> None:
