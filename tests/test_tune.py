@@ -713,7 +713,8 @@ def test_each_rank_gets_its_env_device_and_backend(monkeypatch, cuda):
     def init(backend, **kw):
         import os
 
-        seen.update(backend=backend, rank=kw["rank"], world=kw["world_size"], device_id=kw.get("device_id"))
+        seen.update(backend=backend, rank=kw["rank"], world=kw["world_size"], device_id=kw.get("device_id"),
+                    store=kw.get("store"))
         seen["env"] = (os.environ["LOCAL_RANK"], os.environ["RANK"], os.environ["WORLD_SIZE"])
         raise Stop
 
@@ -721,9 +722,13 @@ def test_each_rank_gets_its_env_device_and_backend(monkeypatch, cuda):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: seen.setdefault("current", d))
     monkeypatch.setattr(torch.distributed, "init_process_group", init)
+    # A rank joins the store its trial's process serves, as a client.
+    monkeypatch.setattr(torch.distributed, "TCPStore", lambda host, port, world, is_master: ("store", host, port,
+                                                                                            is_master))
     monkeypatch.setattr(trainable_mod, "_die_with_parent", lambda: None)
     with mock.patch.dict("os.environ", {}), pytest.raises(Stop):
         trainable_mod._rank_main(1, 2, 12345, b"", "ddp", {}, 10, 5, "/nonexistent", None)
+    assert seen["store"] == ("store", "127.0.0.1", 12345, False)
     assert seen["env"] == ("1", "1", "2")
     assert (seen["backend"], seen["rank"], seen["world"]) == (("nccl" if cuda else "gloo"), 1, 2)
     if cuda:
