@@ -46,3 +46,52 @@ def test_segments_poll_their_workers_quickly_unless_the_user_chose(monkeypatch):
     monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "3")
     defaults.quick_train_polls()
     assert os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "3"
+
+
+@pytest.mark.parametrize(
+    "address, env_address, recorded, joins",
+    [
+        (None, None, None, False),  # nothing to join: a private local Ray, not a plain unauthenticated one
+        (None, None, "10.0.0.5:6379", True),  # the cluster `ray start` recorded on this machine
+        (None, "10.0.0.5:6379", None, True),  # RAY_ADDRESS
+        ("10.0.0.6:6379", None, None, True),  # --address
+    ],
+)
+def test_run_and_profile_join_a_cluster_or_start_a_private_one(monkeypatch, address, env_address, recorded,
+                                                                joins):
+    """`run`, `resume` and `profile` without --num-gpus: ray.init() joins a running cluster as before; where
+    none runs, the Ray they start has token auth on 127.0.0.1 (the test of local_ray above shows what those
+    settings give), and the process's environment is put back after."""
+    import ray
+    import ray._private.services as services
+
+    from ray_saturn.runtime import local
+    from ray_saturn.runtime.actor import connected
+
+    if env_address is None:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    else:
+        monkeypatch.setenv("RAY_ADDRESS", env_address)
+    monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: recorded)
+    calls = []
+
+    def init(address=None, **kwargs):
+        calls.append((address, kwargs, os.environ.get("RAY_AUTH_MODE"), os.environ.get("RAY_AUTH_TOKEN")))
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    shut = []
+    monkeypatch.setattr(ray, "shutdown", lambda: shut.append(1))
+    before = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_TMPDIR")}
+    context = connected() if address is None else local.joined_or_private_ray(address, include_dashboard=False)
+    with context:
+        pass
+    (got_address, kwargs, mode, token), = calls
+    if joins:
+        assert got_address == address and "_node_ip_address" not in kwargs
+        assert (mode, token) == (before["RAY_AUTH_MODE"], before["RAY_AUTH_TOKEN"])
+    else:
+        assert got_address == "local" and kwargs["_node_ip_address"] == local.LOCALHOST
+        assert mode == "token" and len(token) >= 32
+    assert shut == [1]
+    assert {k: os.environ.get(k) for k in before} == before

@@ -128,9 +128,8 @@ def _gpus_text(gpus: int | float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import ray
-
     from ray_saturn.profiler import Profiler
+    from ray_saturn.runtime.local import joined_or_private_ray
 
     # Everything is checked before Ray starts: the flags (by their types), the output's format, the
     # tasks, the cluster (unless it is Ray's own), the strategies and the store.
@@ -155,17 +154,9 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--num-gpus starts a local Ray and --address joins one; give one of them")
     if args.address:
         check_ray_address(args.address)  # ray.init would retry an address where no Ray answers for minutes
-    with local_cluster(args.num_gpus):
-        started = False
-        if not ray.is_initialized():
-            # No --address: RAY_ADDRESS or a running cluster is joined, else a plain local Ray starts (as run does).
-            ray.init(address=args.address or None, include_dashboard=False)
-            started = True
-        try:
-            result = profiler.run(tasks)
-        finally:
-            if started:
-                ray.shutdown()
+    # No --address: RAY_ADDRESS or a running cluster is joined, else a private local Ray starts (as run does).
+    with local_cluster(args.num_gpus), joined_or_private_ray(args.address, include_dashboard=False):
+        result = profiler.run(tasks)
     result.table.write(args.output)
     if args.json:
         print(

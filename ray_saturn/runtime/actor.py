@@ -177,17 +177,11 @@ def driver_name(run_name: str) -> str:
 
 @contextlib.contextmanager
 def connected() -> Iterator[None]:
-    """Join the running Ray cluster, or start a plain local one when none runs."""
-    import ray
+    """Join the running Ray cluster, or start a local one private to this process when none runs."""
+    from ray_saturn.runtime.local import joined_or_private_ray
 
-    if ray.is_initialized():
+    with joined_or_private_ray():
         yield
-        return
-    ray.init()  # RAY_ADDRESS / a running cluster is picked up; otherwise a local one starts
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def check_new_run_folder(storage: RunStorage, *, ours: RunLease | None = None) -> None:

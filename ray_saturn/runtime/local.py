@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from ray_saturn.errors import SaturnError
 
-__all__ = ["LOCALHOST", "LocalGpus", "local_gpus", "local_ray", "private_ray_environment"]
+__all__ = ["LOCALHOST", "LocalGpus", "joined_or_private_ray", "local_gpus", "local_ray", "private_ray_environment"]
 
 logger = logging.getLogger(__name__)
 
@@ -187,6 +187,46 @@ def local_ray(lg: LocalGpus, *, env: dict[str, str] | None = None) -> Iterator[N
         finally:
             if set_nice:
                 os.environ.pop(WORKER_NICENESS, None)
+        try:
+            yield
+        finally:
+            ray.shutdown()
+
+
+def _cluster_to_join(address: str | None) -> bool:
+    """Whether ``ray.init(address)`` would join a cluster rather than start one: an address given
+    or in ``RAY_ADDRESS``, or the cluster a ``ray start`` on this machine recorded."""
+    if address or os.environ.get("RAY_ADDRESS"):
+        return True
+    from ray._private.services import find_bootstrap_address
+
+    return find_bootstrap_address(None) is not None
+
+
+@contextlib.contextmanager
+def joined_or_private_ray(address: str | None = None, **init_kwargs) -> Iterator[None]:
+    """Join the running Ray cluster (``address``, ``RAY_ADDRESS``, or the one ``ray start``
+    recorded) as ``ray.init()`` would; where there is none, start a local one that is this
+    process's alone (:func:`private_ray_environment`: token auth, 127.0.0.1 only), not the plain
+    ``ray.init()`` one without authentication on the machine's address. Nothing is done when Ray
+    is already initialised; a Ray started here is shut down on exit.
+    """
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    if _cluster_to_join(address):
+        ray.init(address=address or None, **init_kwargs)
+        try:
+            yield
+        finally:
+            ray.shutdown()
+        return
+    logger.info("no running Ray cluster found: starting a local one for this command (token auth, "
+                "127.0.0.1 only; `ray start --head` first to share one)")
+    with private_ray_environment():
+        ray.init(address="local", _node_ip_address=LOCALHOST, **init_kwargs)
         try:
             yield
         finally:
