@@ -50,6 +50,7 @@ def test_a_run_folder_inside_another_run_is_refused(tmp_path, capsys, no_cluster
     outer = tmp_path / "outer"
     _an_earlier_run(outer)
     before = sorted(p.relative_to(outer) for p in outer.rglob("*") if p.is_file())
+    existed = (outer / inside).exists()
     argv = ["emulate", str(profile), "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "0.01",
             "--run-dir", str(outer / inside)]
     assert main(argv) == 2
@@ -57,6 +58,7 @@ def test_a_run_folder_inside_another_run_is_refused(tmp_path, capsys, no_cluster
     assert len(err.splitlines()) == 1, err
     assert f"is inside the folder of another run ({outer})" in err, err
     assert sorted(p.relative_to(outer) for p in outer.rglob("*") if p.is_file()) == before
+    assert (outer / inside).exists() == existed  # the refused folder is not left behind, empty
     # The Python API refuses it the same way; a folder next to the run is fine up to the cluster.
     with pytest.raises(SaturnError, match="inside the folder of another run"):
         emulate(str(profile), 1, 2, time_scale=0.01, storage=outer / inside)

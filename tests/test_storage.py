@@ -57,6 +57,20 @@ def test_local_folder(tmp_path):
     _roundtrip(store)
     assert store.exclusive_create_is_atomic
     assert store.uri == str(tmp_path / "run") and store.task_dir("t-1") == str(tmp_path / "run" / "tasks" / "t-1")
+    # The probe of a folder not yet there leaves no folder behind (a run refused after it leaves nothing).
+    fresh = RunStorage(tmp_path / "new" / "deeper" / "run")
+    with pytest.raises(StorageError, match="refused"), fresh.removed_if_refused():
+        fresh.check()
+        raise StorageError("refused")
+    assert not (tmp_path / "new").exists()
+    kept = RunStorage(tmp_path / "kept")  # a folder something wrote to stays
+    with pytest.raises(StorageError), kept.removed_if_refused():
+        kept.write_bytes("state.json", b"{}")
+        raise StorageError("refused")
+    assert (tmp_path / "kept" / "state.json").exists()
+    with pytest.raises(StorageError), store.removed_if_refused():  # one that was there before stays
+        raise StorageError("refused")
+    assert (tmp_path / "run").is_dir()
 
 
 def test_fsspec_uri_through_pyarrow():

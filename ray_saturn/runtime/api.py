@@ -112,8 +112,6 @@ def run(
     if profile is not None:  # checked before the folder is locked or Ray joined
         table = profile if isinstance(profile, ProfileTable) else ProfileTable.read(profile)
         check_profile(table, task_list)
-    store = RunStorage(storage)
-    store.check()  # a wrong endpoint or missing credentials: one line, before any GPU is held
     settings = RunSettings(
         name=name or f"run-{uuid.uuid4().hex[:8]}",
         mode="train",
@@ -121,7 +119,10 @@ def run(
         workload=workload,
         workload_digest=digest,
     )
-    check_new_run_folder(store)  # a folder that holds a run: refused before its lock is touched
+    store = RunStorage(storage)
+    with store.removed_if_refused():  # a refused run leaves no empty folder
+        store.check()  # a wrong endpoint or missing credentials: one line, before any GPU is held
+        check_new_run_folder(store)  # a folder that holds a run: refused before its lock is touched
     with RunLease(store, command="run", run_name=settings.name).held() as lease, interrupts_named(store, "run"):
         check_new_run_folder(store, ours=lease)  # before profiling, not after
         with connected():

@@ -386,7 +386,8 @@ def emulate(
 
         storage = tempfile.mkdtemp(prefix="ray-saturn-emulate-")
     store = RunStorage(storage)
-    check_new_run_folder(store)  # a folder that holds a run: refused before its lock is touched
+    with store.removed_if_refused():
+        check_new_run_folder(store)  # a folder that holds a run: refused before its lock is touched
     with RunLease(store, command="emulate", run_name=name).held() as lease, interrupts_named(store, "emulate"):
         prepare_run(store, settings, table)
         ctx = (contextlib.nullcontext() if use_running_ray

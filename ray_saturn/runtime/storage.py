@@ -212,6 +212,19 @@ def _reason(exc: BaseException) -> str:
     return text[:300]
 
 
+def _missing_folders(path: str) -> list[str]:
+    """The folders on the way to ``path`` (itself included) that do not exist yet, deepest first."""
+    missing = []
+    path = os.path.abspath(path)
+    while not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
+
+
 def _fail_fast(fs: pafs.FileSystem) -> pafs.FileSystem:
     """``fs`` itself, or for S3 a copy that tries once and gives up connecting after 5 s."""
     if fs.type_name != "s3":
@@ -249,6 +262,9 @@ class RunStorage:
             (resume, status), or a :class:`StorageError` says there is no run.
     """
 
+    #: The local folders the constructor created, deepest first (see :meth:`removed_if_refused`).
+    created: tuple[str, ...] = ()
+
     def __init__(self, root: str | os.PathLike[str], *, create: bool = True) -> None:
         if not isinstance(root, (str, os.PathLike)):
             raise StorageError(f"the run folder is a {type(root).__name__}; give a local path or a URI such as "
@@ -270,6 +286,8 @@ class RunStorage:
                                + ("a folder for the run (a new or an empty one)" if create
                                   else "the folder the run was started in"))
         if create:
+            if self.local and info.type == pafs.FileType.NotFound:
+                self.created = tuple(_missing_folders(self.path))
             try:
                 self._call("create the folder", lambda: self.fs.create_dir(self.path, recursive=True))
             except FileNotFoundError as exc:  # e.g. under /proc: a place that takes no folders
@@ -277,6 +295,18 @@ class RunStorage:
                                    "in a place you can write") from None
         elif info.type != pafs.FileType.Directory:
             raise StorageError(f"{self.display}: no such run folder")
+
+    @contextlib.contextmanager
+    def removed_if_refused(self) -> Iterator[None]:
+        """Checks of a new run: when one refuses (raises), the folders this store's constructor created are
+        removed again while they are empty, so a refused run leaves no empty run folder behind."""
+        try:
+            yield
+        except BaseException:
+            for folder in self.created:  # deepest first; one that something filled meanwhile stays
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
+            raise
 
     @classmethod
     def at(cls, uri: str | os.PathLike[str]) -> RunStorage:
