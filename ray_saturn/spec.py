@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ray_saturn.errors import SpecError
+
+logger = logging.getLogger(__name__)
 from ray_saturn.limits import MAX_GPUS_PER_NODE, MAX_NODES, MAX_STEPS, whole
 
 __all__ = [
@@ -185,9 +188,14 @@ class ClusterSpec:
         except (OSError, ValueError) as exc:
             raise SpecError(f"{path}: not a readable JSON cluster file ({exc})") from None
         try:
-            return cls.from_dict(data)
+            spec = cls.from_dict(data)
         except SpecError as exc:
             raise SpecError(f"{path}: {exc}") from None
+        ignored = [str(k) for k in data if k != "nodes"]
+        if ignored:  # kept (a name or a comment is fine), but a misspelt setting must not pass unseen
+            logger.warning("%s: key(s) %s ignored; a cluster file is read for its \"nodes\" only", path,
+                           ", ".join(repr(k) for k in ignored))
+        return spec
 
     @classmethod
     def from_ray(cls) -> ClusterSpec:

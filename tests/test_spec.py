@@ -130,3 +130,20 @@ def test_run_tasks_and_storage_of_the_wrong_kind_are_one_line(tmp_path, bad, kin
     if not isinstance(bad, str):
         with pytest.raises(StorageError, match=f"the run folder is a {kind}; give a local path or a URI"):
             ray_saturn.run_status(bad)
+
+
+def test_a_top_level_key_other_than_nodes_is_kept_but_named(tmp_path, caplog):
+    """A name or a comment beside "nodes" is fine, but a misspelt setting ("gpu_types": ...) must not pass
+    without a word: one warning names the ignored keys."""
+    f = tmp_path / "c.json"
+    f.write_text('{"name": "lab", "gpu_types": {"a": "A100"}, "nodes": [{"name": "a", "gpus": 4}]}')
+    with caplog.at_level("WARNING", logger="ray_saturn.spec"):
+        spec = ClusterSpec.from_json(f)
+    assert spec.total_gpus == 4
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{f}: key(s) 'name', 'gpu_types' ignored; a cluster file is read for its \"nodes\" only"]
+    caplog.clear()
+    f.write_text('{"nodes": [{"name": "a", "gpus": 4}]}')
+    with caplog.at_level("WARNING", logger="ray_saturn.spec"):
+        ClusterSpec.from_json(f)
+    assert not caplog.records
