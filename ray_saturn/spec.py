@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from ray_saturn.errors import SpecError
+from ray_saturn.limits import MAX_GPUS_PER_NODE, MAX_NODES, MAX_STEPS, whole
 
 logger = logging.getLogger(__name__)
-from ray_saturn.limits import MAX_GPUS_PER_NODE, MAX_NODES, MAX_STEPS, whole
 
 __all__ = [
     "ClusterSpec",
