@@ -17,7 +17,6 @@ from ray_saturn.context import Incumbent, PlanningContext, RunningTask
 from ray_saturn.errors import InfeasibleError, PlanError, ProfileError, SaturnError, SpecError
 from ray_saturn.plan import Assignment, Plan, validate_plan
 from ray_saturn.profile_table import Config, ProfileTable
-from ray_saturn.profiler import profile
 from ray_saturn.runtime.api import emulate, resume, run, run_status
 from ray_saturn.runtime.config import DriverConfig
 from ray_saturn.runtime.records import DriverResult
@@ -26,6 +25,16 @@ from ray_saturn.solver import solve as plan
 from ray_saturn.spec import ClusterSpec, NodeSpec, Task
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # `profile` imports torch (the profiler builds models); loaded on first use, so that planning,
+    # simulating, emulating and the driver (none of which train) start without torch's ~2 s import.
+    if name == "profile":
+        from ray_saturn.profiler import profile
+
+        return profile
+    raise AttributeError(f"module 'ray_saturn' has no attribute {name!r}")
 
 __all__ = [
     "Assignment",
