@@ -56,6 +56,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -65,7 +66,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ray_saturn.errors import ProfileError, SpecError
+from ray_saturn.errors import ProfileError, SaturnError, SpecError
 from ray_saturn.limits import (
     MAX_GPUS,
     MAX_NODES,
@@ -78,7 +79,16 @@ from ray_saturn.limits import (
 )
 from ray_saturn.spec import canonical_strategy, check_gpu_type, check_name
 
-__all__ = ["COLUMNS", "COST_COLUMNS", "OPTIONAL_COLUMNS", "Config", "ProfileTable", "is_empty_cell"]
+__all__ = [
+    "COLUMNS",
+    "COST_COLUMNS",
+    "OPTIONAL_COLUMNS",
+    "Config",
+    "ProfileTable",
+    "is_empty_cell",
+    "knobs_for",
+    "parse_knobs",
+]
 
 #: Column name -> Arrow type, in canonical order.
 COLUMNS: dict[str, pa.DataType] = {
@@ -667,3 +677,49 @@ def _canonical_arrays(configs: list[Config], columns: Collection[str]) -> dict[s
     if "reason" in columns or any(c.reason for c in configs):
         arrays["reason"] = pa.array([c.reason for c in configs], pa.string())
     return arrays
+
+
+def knobs_for(table: ProfileTable, task: str, strategy: str, gpus: int, nodes: int = 1) -> dict[str, Any]:
+    """The knob settings the profiler chose for a configuration (``{}`` if the table has no
+    ``knobs`` column or the row none); the one reader of the ``knobs`` column.
+
+    Raises :class:`ProfileError` when the configuration has no row or its knobs are not a
+    JSON object.
+
+    Example:
+        >>> t = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 2,
+        ...     "step_time_s": 1.0, "steps": 5, "knobs": '{"bucket_cap_mb": 50}'}])
+        >>> knobs_for(t, "a", "ddp", 2)
+        {'bucket_cap_mb': 50}
+    """
+    key = (task, strategy, gpus, nodes)
+    table.get(*key)  # raises, naming the configuration, when there is no such row
+    arrow = table.to_arrow()
+    if "knobs" not in arrow.column_names:
+        return {}
+    for row in arrow.select(["task", "strategy", "gpus", "nodes", "knobs"]).to_pylist():
+        if (row["task"], row["strategy"], row["gpus"], row["nodes"]) != key:
+            continue
+        return parse_knobs(row["knobs"], f"{table.source}: knobs of {key}")
+    return {}
+
+
+def parse_knobs(raw: Any, where: str, *, error: type[SaturnError] = ProfileError) -> dict[str, Any]:
+    """A ``knobs`` value (empty, a mapping or a JSON object) as a dict; anything else is ``error``
+    naming ``where``. The one parser of knob settings, wherever a table's rows come from.
+
+    Example:
+        >>> parse_knobs('{"bucket_cap_mb": 50}', "row 1"), parse_knobs(None, "row 1")
+        ({'bucket_cap_mb': 50}, {})
+    """
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    try:
+        out = json.loads(raw)
+    except (TypeError, ValueError):
+        raise error(f"{where} are not JSON: {str(raw)[:80]!r}; give a JSON object (or a dict)") from None
+    if not isinstance(out, Mapping):
+        raise error(f"{where} must be a JSON object (or a dict), got {str(raw)[:80]!r}")
+    return dict(out)

@@ -50,7 +50,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -61,7 +60,7 @@ from typing import Any
 from ray_saturn import defaults
 from ray_saturn.errors import ProfileError, SaturnError, SpecError
 from ray_saturn.limits import number, whole
-from ray_saturn.profile_table import SHARES, ProfileTable
+from ray_saturn.profile_table import SHARES, ProfileTable, knobs_for, parse_knobs
 from ray_saturn.profiler.ladder import LadderWalk, gpu_ladder
 from ray_saturn.profiler.pool import TrialPool
 from ray_saturn.profiler.segment import Calibration
@@ -145,52 +144,6 @@ def _sane_factor(factor: float, gpus: int, nodes: int) -> float:
     log.warning("a segment on %d GPU(s) over %d node(s) stepped %.2fx its trial's time; taken as %.2fx",
                 gpus, nodes, factor, min(high, max(low, factor)))
     return min(high, max(low, factor))
-
-
-def knobs_for(table: ProfileTable, task: str, strategy: str, gpus: int, nodes: int = 1) -> dict[str, Any]:
-    """The knob settings the profiler chose for a configuration (``{}`` if the table has no
-    ``knobs`` column or the row none); the one reader of the ``knobs`` column.
-
-    Raises :class:`ProfileError` when the configuration has no row or its knobs are not a
-    JSON object.
-
-    Example:
-        >>> t = ProfileTable.from_rows([{"task": "a", "strategy": "ddp", "gpus": 2,
-        ...     "step_time_s": 1.0, "steps": 5, "knobs": '{"bucket_cap_mb": 50}'}])
-        >>> knobs_for(t, "a", "ddp", 2)
-        {'bucket_cap_mb': 50}
-    """
-    key = (task, strategy, gpus, nodes)
-    table.get(*key)  # raises, naming the configuration, when there is no such row
-    arrow = table.to_arrow()
-    if "knobs" not in arrow.column_names:
-        return {}
-    for row in arrow.select(["task", "strategy", "gpus", "nodes", "knobs"]).to_pylist():
-        if (row["task"], row["strategy"], row["gpus"], row["nodes"]) != key:
-            continue
-        return parse_knobs(row["knobs"], f"{table.source}: knobs of {key}")
-    return {}
-
-
-def parse_knobs(raw: Any, where: str, *, error: type[SaturnError] = ProfileError) -> dict[str, Any]:
-    """A ``knobs`` value (empty, a mapping or a JSON object) as a dict; anything else is ``error``
-    naming ``where``. The one parser of knob settings, wherever a table's rows come from.
-
-    Example:
-        >>> parse_knobs('{"bucket_cap_mb": 50}', "row 1"), parse_knobs(None, "row 1")
-        ({'bucket_cap_mb': 50}, {})
-    """
-    if raw is None or raw == "":
-        return {}
-    if isinstance(raw, Mapping):
-        return dict(raw)
-    try:
-        out = json.loads(raw)
-    except (TypeError, ValueError):
-        raise error(f"{where} are not JSON: {str(raw)[:80]!r}; give a JSON object (or a dict)") from None
-    if not isinstance(out, Mapping):
-        raise error(f"{where} must be a JSON object (or a dict), got {str(raw)[:80]!r}")
-    return dict(out)
 
 
 @dataclass

@@ -493,7 +493,7 @@ class Driver:
             self._launch(task, launch)
 
     def _launch(self, task: str, launch: Any) -> None:
-        from ray_saturn.profiler import knobs_for
+        from ray_saturn.profile_table import knobs_for
 
         rec = self.records[task]
         attempt = rec.attempts
@@ -755,7 +755,7 @@ def _knobs(profile: ProfileTable, cfg: Any, knobs_for: Any) -> dict[str, Any]:
     """The knobs the profiler chose for row ``cfg`` (a row of a GPU type: read from that row)."""
     if cfg.gpu_type is None:
         return knobs_for(profile, *cfg.key)
-    from ray_saturn.profiler import parse_knobs
+    from ray_saturn.profile_table import parse_knobs
 
     arrow = profile.to_arrow()
     if "knobs" not in arrow.column_names:

@@ -42,8 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ray_saturn.errors import SaturnError
-from ray_saturn.profile_table import Config, ProfileTable
-from ray_saturn.profiler.profiler import parse_knobs
+from ray_saturn.profile_table import Config, ProfileTable, parse_knobs
 
 __all__ = ["TrialRejected", "TrialRow", "TrialRows", "profile_rows", "trial_rows"]
 
