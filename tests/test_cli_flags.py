@@ -121,9 +121,11 @@ def test_profile_with_an_address_where_no_ray_answers_fails_fast(tmp_path, capsy
 
 
 def test_profile_without_ray_or_num_gpus_starts_a_local_ray_as_the_readme_says(tmp_path, capsys, monkeypatch):
-    """README: profile joins RAY_ADDRESS or a running cluster, or starts a plain local one. It asked
-    Ray for address="auto", which raises a ConnectionError (a traceback) when none runs."""
+    """README: profile joins RAY_ADDRESS or a running cluster, or starts a local one private to the process.
+    It asked Ray for address="auto", which raises a ConnectionError (a traceback) when none runs; then for a
+    plain ray.init(), which starts one without authentication on the machine's address."""
     import ray
+    import ray._private.services as services
 
     from ray_saturn.errors import SaturnError
 
@@ -136,9 +138,10 @@ def test_profile_without_ray_or_num_gpus_starts_a_local_ray_as_the_readme_says(t
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: None)  # no `ray start` cluster
     (tmp_path / "w.py").write_text(WORKLOAD)
     assert main(["profile", str(tmp_path / "w.py"), "-o", str(tmp_path / "p.csv")]) == 2
-    assert asked == [None], asked
+    assert asked == ["local"], asked  # with token auth on 127.0.0.1 (test_runtime_local.py)
 
 
 def test_the_demo_library_refuses_an_infinite_scale():
