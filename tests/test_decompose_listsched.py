@@ -76,3 +76,41 @@ def test_first_fit_skips_only_what_cannot_fit():
     assert p.first_fit(0.0, 5.0, 2) == 10.0
     assert p.first_fit(0.0, 12.0, 2) == 25.0  # [10, 22) would overlap the full [20, 25)
     assert listsched._first_k_fit([p], [0], 0.0, 5.0, 5, 1) is None  # 5 GPUs never fit on 4
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_completion_schedule_same_as_the_plain_scan(seed, monkeypatch):
+    """The completion search's decoder (which picks each task's option as it goes) takes the same candidate
+    nodes as serial_schedule: the same schedules as scanning every node. Before, it scanned every node
+    for every option of every task: `plan --objective online` on 10,000 nodes took 54 s, now 5.7 s."""
+    from ray_saturn.solver import completion
+
+    rng = random.Random(100 + seed)
+    profile, cluster = moldable_profile(rng.randint(10, 40), rng.randint(2, 6), rng.choice([2, 4]), seed=seed)
+    if seed >= 4:
+        cluster = _mixed_cluster(rng, 4)
+    problem = build_problem(profile, cluster)
+    if seed % 2:
+        problem.node_avail = np.array([rng.choice([0.0, 0.0, rng.uniform(1, 500)]) for _ in problem.node_gpus])
+    multi_node = 0
+
+    def counted(*args):
+        nonlocal multi_node
+        multi_node += 1
+        return listsched._first_k_fit(*args)
+
+    for efficiency, cap in ((1.0, None), (0.8, None), (0.0, None), (0.0, 4), (0.5, 2)):
+        order = list(range(problem.num_tasks))
+        rng.shuffle(order)
+        fill = frozenset(rng.sample(range(problem.num_tasks), 2)) if cap == 2 else frozenset()
+        kwargs = {"keep_running": True, "cap": cap, "fill": fill}
+        with monkeypatch.context() as m:
+            m.setattr(completion, "_first_k_fit", counted)
+            fast = completion.completion_schedule(problem, order, efficiency, **kwargs)
+        with monkeypatch.context() as m:
+            m.setattr(completion, "_first_k_fit", _plain_first_k_fit)
+            m.setattr(listsched._NodeProfile, "earliest", _no_give_up)
+            m.setattr(listsched._FreshNodes, "eligible", _every_node)
+            plain = completion.completion_schedule(problem, order, efficiency, **kwargs)
+        assert (fast.option, fast.start, fast.nodes) == (plain.option, plain.start, plain.nodes)
+    assert multi_node  # the multi-node search was exercised

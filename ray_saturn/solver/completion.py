@@ -61,8 +61,10 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from ray_saturn.errors import InfeasibleError
-from ray_saturn.solver.listsched import _first_k_fit, _NodeProfile, list_schedule, serial_schedule
+from ray_saturn.solver.listsched import _first_k_fit, _FreshNodes, _Profiles, list_schedule, serial_schedule
 from ray_saturn.solver.objective import BACKGROUND_WEIGHT, ONLINE_SLACK, is_background, weighted_completion
 from ray_saturn.solver.problem import Problem, Schedule
 
@@ -127,10 +129,14 @@ def completion_schedule(
     option competes with their other options (it must start at 0 on its nodes).
     """
     n = problem.num_tasks
-    profiles = [_NodeProfile(int(c)) for c in problem.node_gpus]
-    for i, avail in enumerate(problem.node_avail):
-        if avail > 0:
-            profiles[i].add(0.0, float(avail), profiles[i].cap)
+    # Nodes nothing is placed on are interchangeable per size: only the touched ones and the first
+    # fresh ones of each size are candidates (as in serial_schedule), so a large cluster costs no more.
+    profiles = _Profiles(problem.node_gpus)
+    fresh = _FreshNodes(problem.node_gpus)
+    for i in np.flatnonzero(np.asarray(problem.node_avail) > 0):
+        i = int(i)
+        profiles[i].add(0.0, float(problem.node_avail[i]), profiles[i].cap)
+        fresh.touch(i)
     option = [0] * n
     start = [0.0] * n
     nodes: list[tuple[int, ...]] = [()] * n
@@ -145,11 +151,12 @@ def completion_schedule(
         option[t], start[t], nodes[t], dur[t], done[t] = p, 0.0, o.pinned_nodes, o.duration_s, True
         for i in o.pinned_nodes:
             profiles[i].add(0.0, o.duration_s, o.per_node)
+            fresh.touch(i)
     # Running tasks still to place restart at once: a queued task starting at 0 must leave them the
     # GPUs of their smallest option (counted over the cluster; a node-level misfit drops the candidate).
     waiting_running = [t for t in range(n) if not done[t] and problem.pinned_option(t) is not None]
     reserve = 0 if pause else sum(min(o.gpus for o in problem.options[t]) for t in waiting_running)
-    free_at_0 = sum(p.cap - p.used_at(0.0) for p in profiles)
+    free_at_0 = int(problem.total_gpus) - sum(p.used_at(0.0) for p in profiles.values())
     for t in order:
         if done[t]:
             continue
@@ -157,7 +164,7 @@ def completion_schedule(
         running = problem.pinned_option(t) is not None
         if running and not pause:
             reserve -= min(o.gpus for o in opts)
-        filling = t in fill
+        filling = t in fill and _has_fill_option(opts)
         if filling:
             # A background task: the widest option with efficiency >= FILL_EFFICIENCY that starts first.
             limit, e_t = math.inf, FILL_EFFICIENCY
@@ -198,9 +205,8 @@ def completion_schedule(
                 continue
             if k == 1:
                 found = None
-                for i, p in enumerate(profiles):
-                    if p.cap < q:
-                        continue
+                for i in fresh.eligible(q, 1):
+                    p = profiles[i]
                     s = p.earliest(r, d, q, found[0] if found is not None else give_up)
                     if math.isinf(s):
                         continue
@@ -213,8 +219,7 @@ def completion_schedule(
                 if not running and s <= 1e-6 and free_at_0 - o.gpus < reserve:
                     continue
             else:
-                eligible = [i for i, p in enumerate(profiles) if p.cap >= q]
-                hit = _first_k_fit(profiles, eligible, r, d, q, k)
+                hit = _first_k_fit(profiles, fresh.eligible(q, k), r, d, q, k)
                 if hit is None:
                     continue
                 s, sel = hit
@@ -234,7 +239,20 @@ def completion_schedule(
         option[t], start[t], nodes[t], dur[t], done[t] = j, s, tuple(sel), o.duration_s, True
         for i in sel:
             profiles[i].add(s, o.duration_s, o.per_node)
+            fresh.touch(i)
     return Schedule(option, start, nodes, dur)
+
+
+def _has_fill_option(opts) -> bool:
+    """Whether a background task has an option the fill rule allows: efficiency >= FILL_EFFICIENCY and
+    at most FILL_SPAN x its fastest run. A task that scales well to many GPUs may have none (its
+    efficient rows too slow, its fast rows too wide); it is then placed like any other task."""
+    free = [o for o in opts if not o.pinned]
+    if not free:
+        return False
+    least = min(o.area for o in free)
+    longest = FILL_SPAN * min(o.duration_s for o in free)
+    return any(o.area <= least / FILL_EFFICIENCY * (1 + 1e-9) and o.duration_s <= longest for o in free)
 
 
 def background_tasks(problem: Problem) -> frozenset[int]:
