@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 
-import ray
-
 import ray_saturn
 from ray_saturn import ClusterSpec, ProfileTable
 from ray_saturn.cli.args import OneLineParser, seconds
@@ -30,7 +28,7 @@ def main() -> None:
     parser.add_argument("--storage", default="/tmp/ray-saturn-runs/job", help="run folder (train mode)")
     parser.add_argument("--time-limit", type=seconds("--time-limit"), default=10.0, help="solver time limit (s)")
     args = parser.parse_args()
-    ray.init()  # inside `ray job submit`: joins the job's cluster
+    ray_saturn.init_ray()  # inside `ray job submit`: joins the job's cluster (elsewhere: a private local Ray)
     cluster = ClusterSpec.from_ray()
     print("ray_saturn cluster:", json.dumps(cluster.to_dict()))
     if args.plan_only:

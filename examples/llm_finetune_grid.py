@@ -21,8 +21,6 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import ray
-
 import ray_saturn
 from ray_saturn import ClusterSpec
 from ray_saturn.cli.args import OneLineParser, count, positive
@@ -75,10 +73,8 @@ def main() -> None:
     limit = args.memory_limit_gb
     if limit is None and not args.local:
         limit = 0.8 * model_bytes() / 1e9
-    if args.local:
-        ray.init(address="local", num_gpus=args.gpus, include_dashboard=False)
-    else:
-        ray.init()
+    # Joins RAY_ADDRESS / a running cluster (unless --local); else a local Ray private to this process.
+    ray_saturn.init_ray(args.gpus, fresh=args.local)
     cluster = ClusterSpec.from_ray()
     grid = tasks(args.steps)
     budget = f"budget {limit * 1e3:.1f} MB per GPU" if limit is not None else "no memory budget"

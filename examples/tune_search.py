@@ -25,6 +25,7 @@ import torch
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
+import ray_saturn
 from ray_saturn.cli.args import OneLineParser, count
 from ray_saturn.limits import MAX_GPUS_PER_NODE
 from ray_saturn.tune import SaturnScheduler, saturn_trainable
@@ -77,14 +78,9 @@ def main() -> None:
     args = parser.parse_args()
     steps = 30 if args.quick else 150
     widths = [32, 64] if args.quick else [32, 64, 96]
-    if args.local:
-        ray.init(address="local", num_gpus=args.gpus, include_dashboard=False)
-    else:
-        # Joins RAY_ADDRESS / a running cluster (ray job submit); else starts a local one without a dashboard.
-        try:
-            ray.init()
-        except ConnectionError:
-            ray.init(num_gpus=args.gpus, include_dashboard=False)
+    # Joins RAY_ADDRESS / a running cluster (ray job submit) unless --local; else a local Ray private to this
+    # process (token auth, 127.0.0.1 only, no dashboard) with --gpus logical GPUs.
+    ray_saturn.init_ray(args.gpus, fresh=args.local)
     max_gpus = int(max(n["Resources"].get("GPU", 0) for n in ray.nodes() if n["Alive"]))
     for w in widths:  # measured now, so that estimate (called inside Tune's event loop) only looks them up
         measured_step_s(w)

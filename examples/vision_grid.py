@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-import ray
-
 import ray_saturn
 from ray_saturn import ClusterSpec
 from ray_saturn.cli.args import OneLineParser, count
@@ -25,10 +23,8 @@ def main() -> None:
     parser.add_argument("--plan-only", action="store_true")
     parser.add_argument("--storage", default="/tmp/ray-saturn-runs/vision-grid")
     args = parser.parse_args()
-    if args.local:
-        ray.init(address="local", num_gpus=args.gpus, include_dashboard=False)
-    else:
-        ray.init()
+    # Joins RAY_ADDRESS / a running cluster (unless --local); else a local Ray private to this process.
+    ray_saturn.init_ray(args.gpus, fresh=args.local)
     cluster = ClusterSpec.from_ray()
     grid = [cnn_task(channels=c, lr=lr, max_steps=args.steps, strategies=("single", "ddp", "ddp-compressed"))
             for c in (8, 16, 32) for lr in (1e-3, 3e-3, 1e-2)]

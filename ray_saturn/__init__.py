@@ -19,6 +19,7 @@ from ray_saturn.plan import Assignment, Plan, validate_plan
 from ray_saturn.profile_table import Config, ProfileTable
 from ray_saturn.runtime.api import emulate, resume, run, run_status
 from ray_saturn.runtime.config import DriverConfig
+from ray_saturn.runtime.local import init_ray
 from ray_saturn.runtime.records import DriverResult
 from ray_saturn.solver import policy_names
 from ray_saturn.solver import solve as plan
@@ -55,6 +56,7 @@ __all__ = [
     "SpecError",
     "Task",
     "emulate",
+    "init_ray",
     "plan",
     "policy_names",
     "profile",

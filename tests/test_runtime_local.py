@@ -95,3 +95,41 @@ def test_run_and_profile_join_a_cluster_or_start_a_private_one(monkeypatch, addr
         assert mode == "token" and len(token) >= 32
     assert shut == [1]
     assert {k: os.environ.get(k) for k in before} == before
+
+
+@pytest.mark.parametrize("recorded, fresh, joins", [(None, False, False), ("10.0.0.5:6379", False, True),
+                                                    ("10.0.0.5:6379", True, False)])
+def test_init_ray_joins_a_cluster_or_starts_a_private_local_one(monkeypatch, recorded, fresh, joins):
+    """ray_saturn.init_ray, what the examples call instead of ray.init(): a running cluster is joined (unless
+    fresh); else a local Ray with token auth on 127.0.0.1 and N logical GPUs capped at the cores (a plain
+    ray.init() started one without authentication, with no GPU on a CPU machine). The environment is put back
+    at exit."""
+    import atexit
+
+    import ray
+    import ray._private.services as services
+
+    import ray_saturn
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: recorded)
+    calls, at_exit = [], []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda address=None, **kw: calls.append((address, kw,
+                                                                                os.environ.get("RAY_AUTH_MODE"))))
+    monkeypatch.setattr(ray, "shutdown", lambda: calls.append("shutdown"))
+    monkeypatch.setattr(atexit, "register", lambda fn, *args: at_exit.append((fn, args)))
+    before = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_TMPDIR")}
+    ray_saturn.init_ray(4, fresh=fresh)
+    if joins:
+        assert calls == [(None, {}, before["RAY_AUTH_MODE"])] and not at_exit
+        return
+    assert len(calls) == 1, calls
+    (address, kwargs, mode), = calls
+    assert address == "local" and kwargs["_node_ip_address"] == "127.0.0.1" and mode == "token"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert kwargs["num_gpus"] == min(4, cores) and kwargs["include_dashboard"] is False
+    (fn, args), = [(fn, args) for fn, args in at_exit if getattr(fn, "__name__", "") == "__exit__"]
+    fn(*args)  # what happens at the process's exit
+    assert calls[-1] == "shutdown"
+    assert {k: os.environ.get(k) for k in before} == before

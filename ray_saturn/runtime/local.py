@@ -35,7 +35,15 @@ from dataclasses import dataclass
 
 from ray_saturn.errors import SaturnError
 
-__all__ = ["LOCALHOST", "LocalGpus", "joined_or_private_ray", "local_gpus", "local_ray", "private_ray_environment"]
+__all__ = [
+    "LOCALHOST",
+    "LocalGpus",
+    "init_ray",
+    "joined_or_private_ray",
+    "local_gpus",
+    "local_ray",
+    "private_ray_environment",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -231,3 +239,35 @@ def joined_or_private_ray(address: str | None = None, **init_kwargs) -> Iterator
             yield
         finally:
             ray.shutdown()
+
+
+def init_ray(gpus: int | None = None, *, fresh: bool = False) -> None:
+    """Initialise Ray for a script as the CLI does, instead of a plain ``ray.init()``.
+
+    A running cluster (``RAY_ADDRESS``, as under ``ray job submit``, or the one ``ray start``
+    recorded on this machine) is joined, unless ``fresh``. Otherwise a local Ray private to
+    this process starts (:func:`local_ray`: token auth with a fresh token, 127.0.0.1 only, no
+    dashboard) with ``gpus`` GPUs: the CUDA devices, or without CUDA that many logical GPUs
+    capped at the CPU cores (default 4), as the CLI's ``--num-gpus``. A plain ``ray.init()``
+    would start one without authentication on the machine's address, with no GPU on a CPU
+    machine. The local Ray is shut down, and the environment restored, when the process exits.
+
+    Example:
+        >>> import ray_saturn
+        >>> ray_saturn.init_ray(4)  # doctest: +SKIP
+    """
+    import atexit
+
+    import ray
+
+    if ray.is_initialized():
+        raise SaturnError("Ray is already initialised in this process; call ray_saturn.init_ray() in place of "
+                          "ray.init(), not after it")
+    if not fresh and _cluster_to_join(None):
+        ray.init()
+        return
+    lg = local_gpus(gpus)
+    logger.info("%s", lg.describe())
+    started = local_ray(lg)
+    started.__enter__()
+    atexit.register(started.__exit__, None, None, None)
