@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -716,20 +717,22 @@ def test_each_rank_gets_its_env_device_and_backend(monkeypatch, cuda):
         seen.update(backend=backend, rank=kw["rank"], world=kw["world_size"], device_id=kw.get("device_id"),
                     store=kw.get("store"))
         seen["env"] = (os.environ["LOCAL_RANK"], os.environ["RANK"], os.environ["WORLD_SIZE"])
+        seen["ifname"] = (os.environ.get("GLOO_SOCKET_IFNAME"), os.environ.get("NCCL_SOCKET_IFNAME"))
         raise Stop
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: seen.setdefault("current", d))
     monkeypatch.setattr(torch.distributed, "init_process_group", init)
-    # A rank joins the store its trial's process serves, as a client.
-    monkeypatch.setattr(torch.distributed, "TCPStore", lambda host, port, world, is_master: ("store", host, port,
-                                                                                            is_master))
+    # A rank joins the file store in its trial's private folder: nothing listens on a port.
+    monkeypatch.setattr(torch.distributed, "FileStore", lambda path, world: ("store", path, world))
     monkeypatch.setattr(trainable_mod, "_die_with_parent", lambda: None)
     with mock.patch.dict("os.environ", {}), pytest.raises(Stop):
-        trainable_mod._rank_main(1, 2, 12345, b"", "ddp", {}, 10, 5, "/nonexistent", None)
-    assert seen["store"] == ("store", "127.0.0.1", 12345, False)
+        trainable_mod._rank_main(1, 2, "/private/store", b"", "ddp", {}, 10, 5, "/nonexistent", None)
+        # (the process group's own sockets on the loopback interface: seen in `init` below)
+    assert seen["store"] == ("store", "/private/store", 2)
     assert seen["env"] == ("1", "1", "2")
+    assert seen["ifname"] == (trainable_mod._loopback_interface(),) * 2
     assert (seen["backend"], seen["rank"], seen["world"]) == (("nccl" if cuda else "gloo"), 1, 2)
     if cuda:
         assert seen["device_id"] == torch.device("cuda", 1) and seen["current"] == torch.device("cuda", 1)
@@ -796,21 +799,26 @@ def test_a_trial_checkpoint_with_a_linked_file_is_not_followed(monkeypatch, tmp_
     assert [m["saturn_step"] for m, _ in again.reports] == [4, 8, 12]  # not resumed through the link
 
 
-def test_the_ranks_port_is_held_from_the_moment_it_is_chosen():
-    """The port was found by binding port 0 and closing the socket; rank 0 bound it seconds later, after
-    its process started, and another process could take it in between (EADDRINUSE, seen in the suite)."""
-    import socket
+def test_the_ranks_meet_on_a_private_file_not_a_port():
+    """The ranks met on a TCPStore: first on a port found free and closed, which another process could take
+    before rank 0 bound it (EADDRINUSE, seen in the suite); then on one the trial held, but torch's store
+    listens on every interface of the machine whatever host it is given. Now a FileStore in a folder only
+    the trial's user can open, removed after."""
+    import stat
 
     import torch.distributed as dist
 
-    from ray_saturn.tune._trainable import _rendezvous_store
+    from ray_saturn.tune._trainable import _loopback_interface, _rendezvous_file
 
-    store = _rendezvous_store()
-    with socket.socket() as other, pytest.raises(OSError):
-        other.bind(("127.0.0.1", store.port))  # nobody else can take it
-    client = dist.TCPStore("127.0.0.1", store.port, None, is_master=False)  # what a rank does
-    client.set("k", "v")
-    assert store.get("k") == b"v"
+    with _rendezvous_file() as path:
+        folder = os.path.dirname(path)
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+        a, b = dist.FileStore(path, 2), dist.FileStore(path, 2)  # what two ranks do
+        a.set("k", "v")
+        assert b.get("k") == b"v"
+        del a, b
+    assert not os.path.exists(folder)
+    assert _loopback_interface() in ("lo", "lo0", None)
 
 
 def test_multi_gpu_trial_that_finishes_ends_cleanly(monkeypatch):

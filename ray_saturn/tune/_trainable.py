@@ -31,12 +31,13 @@ for GPUs its parent already holds.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +114,23 @@ def trial_decision(config: Mapping[str, Any]) -> TrialDecision:
 
 def _set_rank_env(rank: int, world: int) -> None:
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world))
+    # The ranks are processes of one node: their process group's sockets (gloo's pairs, NCCL's bootstrap)
+    # listen on the loopback interface only, not on the machine's address (unless the user chose one).
+    loopback = _loopback_interface()
+    if loopback is not None:
+        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            os.environ.setdefault(var, loopback)
+
+
+def _loopback_interface() -> str | None:
+    """The name of this machine's loopback interface ("lo" on Linux, "lo0" on macOS), if it has one."""
+    import socket
+
+    try:
+        names = {name for _, name in socket.if_nameindex()}
+    except OSError:
+        return None
+    return next((n for n in ("lo", "lo0") if n in names), None)
 
 
 def _train_segments(
@@ -154,7 +172,7 @@ def _train_segments(
 def _rank_main(
     rank: int,
     ways: int,
-    port: int,
+    rendezvous: str,
     task_bytes: bytes,
     strategy: str,
     knobs: dict,
@@ -175,7 +193,7 @@ def _rank_main(
     _set_rank_env(rank, ways)
     torch.set_num_threads(1)
     device = use_rank_device(rank)
-    store = dist.TCPStore("127.0.0.1", port, None, is_master=False)  # served by the trial's process
+    store = dist.FileStore(rendezvous, ways)  # a file in the trial's private folder: no port to listen on
     dist.init_process_group(
         device.backend,
         store=store,
@@ -210,15 +228,21 @@ def _die_with_parent() -> None:
         pass
 
 
-def _rendezvous_store() -> Any:
-    """The ranks' rendezvous store, served by the trial's own process on a port the OS picks and it holds.
+@contextlib.contextmanager
+def _rendezvous_file() -> Iterator[str]:
+    """The path of the ranks' rendezvous store (a ``torch.distributed.FileStore``), in a folder of the trial's
+    own (mode 0700), removed after the ranks are gone.
 
-    (A free port found by binding port 0 and closing it was free only until then: another process could
-    take it before rank 0 bound it, and the trial failed with EADDRINUSE.)
+    The ranks of a trial are processes of one node. A ``TCPStore`` listened on every interface of the
+    machine, whatever host it was given (torch binds its server to all addresses), so anyone who could reach
+    the node could read and write the ranks' rendezvous; and a free port found by binding port 0 and closing
+    it could be taken before rank 0 bound it (EADDRINUSE). A file has neither problem.
     """
-    import torch.distributed as dist
-
-    return dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False)
+    folder = tempfile.mkdtemp(prefix="saturn-rdzv-")
+    try:
+        yield os.path.join(folder, "store")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _report_to_tune(
@@ -256,10 +280,10 @@ def _run_multi(
 
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()  # a pipe, not a queue: no semaphores to leak
-    store = _rendezvous_store()  # held (and so its port) until the ranks are gone
+    rendezvous = contextlib.ExitStack()  # the store's folder is removed once the ranks are gone
     args = (
         decision.workers,
-        store.port,
+        rendezvous.enter_context(_rendezvous_file()),
         cloudpickle.dumps(task),
         decision.strategy,
         dict(decision.knobs),
@@ -268,7 +292,12 @@ def _run_multi(
         ckpt_dir,
         child,
     )
-    procs = tmp.start_processes(_rank_main, args=args, nprocs=decision.workers, join=False, start_method="spawn")
+    try:
+        procs = tmp.start_processes(_rank_main, args=args, nprocs=decision.workers, join=False,
+                                    start_method="spawn")
+    except BaseException:
+        rendezvous.close()
+        raise
     child.close()
     done = False
     try:
@@ -306,7 +335,7 @@ def _run_multi(
                 p.terminate()
         for p in procs.processes:
             p.join(timeout=10)
-        del store
+        rendezvous.close()
 
 
 def _run_trial(make_task: Callable[[dict], Task], config: dict, report_every: int) -> None:
