@@ -799,25 +799,36 @@ def test_a_trial_checkpoint_with_a_linked_file_is_not_followed(monkeypatch, tmp_
     assert [m["saturn_step"] for m, _ in again.reports] == [4, 8, 12]  # not resumed through the link
 
 
-def test_the_ranks_meet_on_a_private_file_not_a_port():
+def test_the_ranks_meet_on_a_private_file_not_a_port(monkeypatch, tmp_path):
     """The ranks met on a TCPStore: first on a port found free and closed, which another process could take
     before rank 0 bound it (EADDRINUSE, seen in the suite); then on one the trial held, but torch's store
-    listens on every interface of the machine whatever host it is given. Now a FileStore in a folder only
-    the trial's user can open, removed after."""
-    import stat
-
+    listens on every interface of the machine whatever host it is given. Now a FileStore in the trial's own
+    folder (a TemporaryDirectory: mode 0700, removed with the trial)."""
     import torch.distributed as dist
+    import torch.multiprocessing as tmp
 
-    from ray_saturn.tune._trainable import _loopback_interface, _rendezvous_file
+    from ray_saturn.tune._trainable import _loopback_interface, _run_multi
 
-    with _rendezvous_file() as path:
-        folder = os.path.dirname(path)
-        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
-        a, b = dist.FileStore(path, 2), dist.FileStore(path, 2)  # what two ranks do
-        a.set("k", "v")
-        assert b.get("k") == b"v"
-        del a, b
-    assert not os.path.exists(folder)
+    class Started(Exception):
+        pass
+
+    given = {}
+
+    def start_processes(fn, args, **kw):
+        given["rendezvous"] = args[1]
+        raise Started
+
+    monkeypatch.setattr(tmp, "start_processes", start_processes)
+    work = tmp_path / "trial"
+    work.mkdir(mode=0o700)
+    decision = trainable_mod.TrialDecision(strategy="ddp", gpus=2)
+    task = regression_task({"lr": 0.1, "width": 8}, max_steps=4)
+    with pytest.raises(Started):
+        _run_multi(task, decision, 2, str(work / "c"), str(work), 0)
+    assert os.path.dirname(given["rendezvous"]) == str(work)
+    a, b = dist.FileStore(given["rendezvous"], 2), dist.FileStore(given["rendezvous"], 2)  # what two ranks do
+    a.set("k", "v")
+    assert b.get("k") == b"v"
     assert _loopback_interface() in ("lo", "lo0", None)
 
 

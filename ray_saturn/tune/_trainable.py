@@ -31,13 +31,12 @@ for GPUs its parent already holds.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -228,23 +227,6 @@ def _die_with_parent() -> None:
         pass
 
 
-@contextlib.contextmanager
-def _rendezvous_file() -> Iterator[str]:
-    """The path of the ranks' rendezvous store (a ``torch.distributed.FileStore``), in a folder of the trial's
-    own (mode 0700), removed after the ranks are gone.
-
-    The ranks of a trial are processes of one node. A ``TCPStore`` listened on every interface of the
-    machine, whatever host it was given (torch binds its server to all addresses), so anyone who could reach
-    the node could read and write the ranks' rendezvous; and a free port found by binding port 0 and closing
-    it could be taken before rank 0 bound it (EADDRINUSE). A file has neither problem.
-    """
-    folder = tempfile.mkdtemp(prefix="saturn-rdzv-")
-    try:
-        yield os.path.join(folder, "store")
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def _report_to_tune(
     work: str, task: Task, decision: TrialDecision, resumed_from: int, step: int, loss, step_time, path: str
 ) -> None:
@@ -280,10 +262,12 @@ def _run_multi(
 
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()  # a pipe, not a queue: no semaphores to leak
-    rendezvous = contextlib.ExitStack()  # the store's folder is removed once the ranks are gone
     args = (
         decision.workers,
-        rendezvous.enter_context(_rendezvous_file()),
+        # The ranks (processes of this node) meet on a FileStore in the trial's own folder (mode 0700,
+        # removed with the trial). A TCPStore listened on every interface of the machine, whatever host it
+        # was given, and a port found free and closed could be taken before rank 0 bound it (EADDRINUSE).
+        os.path.join(work, "rendezvous"),
         cloudpickle.dumps(task),
         decision.strategy,
         dict(decision.knobs),
@@ -292,12 +276,7 @@ def _run_multi(
         ckpt_dir,
         child,
     )
-    try:
-        procs = tmp.start_processes(_rank_main, args=args, nprocs=decision.workers, join=False,
-                                    start_method="spawn")
-    except BaseException:
-        rendezvous.close()
-        raise
+    procs = tmp.start_processes(_rank_main, args=args, nprocs=decision.workers, join=False, start_method="spawn")
     child.close()
     done = False
     try:
@@ -335,7 +314,6 @@ def _run_multi(
                 p.terminate()
         for p in procs.processes:
             p.join(timeout=10)
-        rendezvous.close()
 
 
 def _run_trial(make_task: Callable[[dict], Task], config: dict, report_every: int) -> None:
