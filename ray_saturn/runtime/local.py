@@ -224,17 +224,15 @@ def joined_or_private_ray(address: str | None = None, **init_kwargs) -> Iterator
     if ray.is_initialized():
         yield
         return
-    if _cluster_to_join(address):
-        ray.init(address=address or None, **init_kwargs)
-        try:
-            yield
-        finally:
-            ray.shutdown()
-        return
-    logger.info("no running Ray cluster found: starting a local one for this command (token auth, "
-                "127.0.0.1 only; `ray start --head` first to share one)")
-    with private_ray_environment():
-        ray.init(address="local", _node_ip_address=LOCALHOST, **init_kwargs)
+    join = _cluster_to_join(address)
+    if not join:
+        logger.info("no running Ray cluster found: starting a local one for this command (token auth, "
+                    "127.0.0.1 only; `ray start --head` first to share one)")
+    with contextlib.nullcontext() if join else private_ray_environment():
+        if join:
+            ray.init(address=address or None, **init_kwargs)
+        else:
+            ray.init(address="local", _node_ip_address=LOCALHOST, **init_kwargs)
         try:
             yield
         finally:
