@@ -7,6 +7,17 @@ import pytest
 from ray_saturn import ProfileTable
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, the default options), every test that starts Ray runs
+    in one process, one after another (two Ray clusters at once on 2 cores would measure contention, and
+    some of these tests look for "the" cluster of the machine); the others run beside them, a module's
+    tests together (its module-scoped fixtures are built once)."""
+    for item in items:
+        group = "ray" if item.get_closest_marker("ray") else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture
 def no_ray(monkeypatch):
     """Bad input must be refused before Ray starts: ``ray.init`` fails the test."""

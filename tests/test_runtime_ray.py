@@ -141,7 +141,7 @@ def test_emulation_reports_contract_3(cluster, tmp_path):
         _profile(),
         2,
         2,
-        time_scale=0.01,
+        time_scale=0.02,
         storage=tmp_path / "run",
         use_running_ray=True,
         policy="saturn-static",

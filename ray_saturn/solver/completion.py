@@ -194,7 +194,7 @@ def completion_schedule(
                     if best is None or key[:2] < best[:2]:
                         best = key
                 continue
-            if o.area > least / max(e_t, 1e-12) * (1 + 1e-9) or d > longest:
+            if not _efficient_enough(o, least, e_t, longest):
                 continue
             q, k = o.per_node, o.k
             if filling:
@@ -250,9 +250,13 @@ def _has_fill_option(opts) -> bool:
     free = [o for o in opts if not o.pinned]
     if not free:
         return False
-    least = min(o.area for o in free)
-    longest = FILL_SPAN * min(o.duration_s for o in free)
-    return any(o.area <= least / FILL_EFFICIENCY * (1 + 1e-9) and o.duration_s <= longest for o in free)
+    least, longest = min(o.area for o in free), FILL_SPAN * min(o.duration_s for o in free)
+    return any(_efficient_enough(o, least, FILL_EFFICIENCY, longest) for o in free)
+
+
+def _efficient_enough(o, least_area: float, efficiency: float, longest_s: float) -> bool:
+    """Whether option ``o`` uses at most ``least_area / efficiency`` GPU-seconds and runs at most ``longest_s``."""
+    return o.area <= least_area / max(efficiency, 1e-12) * (1 + 1e-9) and o.duration_s <= longest_s
 
 
 def background_tasks(problem: Problem) -> frozenset[int]:
