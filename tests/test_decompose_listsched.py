@@ -14,8 +14,8 @@ from ray_saturn.solver.listsched import serial_schedule
 from ray_saturn.spec import ClusterSpec
 
 
-def _plain_first_k_fit(profiles, eligible, r, d, q, k):
-    """The scan serial_schedule used before: every boundary after r, in order."""
+def _plain_first_k_fit(profiles, eligible, r, d, q, k, give_up_after=None):
+    """The scan serial_schedule used before: every boundary after r, in order (it never gives up early)."""
     cands = sorted({r} | {x for i in eligible for x in profiles[i].times if x > r})
     for s in cands:
         fit = [i for i in eligible if profiles[i].fits(s, d, q)]

@@ -439,3 +439,61 @@ def test_completion_schedule_keeps_a_fixed_option():
     got = completion_schedule(problem, list(range(problem.num_tasks)), 1.0, keep_running=True,
                               fixed={big: four})
     assert got.option[big] == four and got.durations[big] == pytest.approx(300.0)
+
+
+def _sweep_calls(monkeypatch, problem, objective, clock=None, time_limit_s=60.0):
+    """The decodings of completion_search's sweep (the priority orders of _orders; the improvement's
+    swapped orders are left out), as (order index, efficiency, cap, keep), and the search's result."""
+    import types
+
+    from ray_saturn.solver import completion
+
+    weights = [1.0] * problem.num_tasks
+    orders = [tuple(o) for o in completion._orders(problem, weights, critical=objective == "online")]
+    calls = []
+    real = completion.completion_schedule
+
+    def counted(problem, order, e, **kw):
+        if tuple(order) in orders and kw.get("fixed") is None:
+            calls.append((orders.index(tuple(order)), e, kw.get("cap"), kw["keep_running"]))
+        return real(problem, order, e, **kw)
+
+    monkeypatch.setattr(completion, "completion_schedule", counted)
+    if clock is not None:
+        monkeypatch.setattr(completion, "time", types.SimpleNamespace(perf_counter=clock))
+    found = completion.completion_search(problem, objective, weights, time_limit_s=time_limit_s)
+    return calls, orders, found
+
+
+def test_the_completion_sweep_stops_at_the_time_limit_after_trying_every_order(monkeypatch):
+    # A 1,000-task online simulation re-planned in 2.6 s against a 2 s limit: the sweep ran to its end.
+    from helpers import moldable_profile
+
+    profile, cluster = moldable_profile(30, 4, 4, seed=3)
+    problem = build_problem(profile, cluster)
+    full, orders, whole = _sweep_calls(monkeypatch, problem, "online")
+    assert len(orders) == 6 and len(full) > 2 * len(orders)
+    # A clock that moves one second a reading: the limit of 8.5 s stops the sweep after a few decodings.
+    ticks = itertools.count()
+    cut, _, found = _sweep_calls(monkeypatch, problem, "online", clock=lambda: float(next(ticks)), time_limit_s=8.5)
+    assert 0 < len(cut) < len(full)
+    # Rule by rule across the orders: every order was tried before any order's second rule.
+    assert [c[0] for c in cut[: len(orders)]] == list(range(len(orders)))
+    assert len({(c[1], c[2]) for c in cut[: len(orders)]}) == 1
+    assert set(cut) <= set(full)
+    # The cut search's plan is a valid plan of every task (the independent validator), as the full one's.
+    for res in (found, whole):
+        problem.to_plan(res.schedule, policy="online", lower_bound_s=0.0, solve_time_s=0.0).validate(profile, cluster)
+
+
+def test_rules_that_give_every_task_the_same_options_are_decoded_once(monkeypatch):
+    # One row per task: every efficiency and cap leaves each task the same option, so one rule per order.
+    profile = rows_profile(*[(f"t{i}", [(1, 1.0 + i)], 10 + i) for i in range(12)])
+    problem = build_problem(profile, ClusterSpec.uniform(2, 2))
+    calls, orders, _ = _sweep_calls(monkeypatch, problem, "online")
+    assert len(calls) == len(orders)
+    # Rows at 1 and 2 GPUs of very different efficiency: the rules differ, and all of them are decoded.
+    profile = rows_profile(*[(f"t{i}", [(1, 1.0 + i), (2, 0.9 + i)], 10 + i) for i in range(12)])
+    problem = build_problem(profile, ClusterSpec.uniform(2, 2))
+    calls, orders, _ = _sweep_calls(monkeypatch, problem, "online")
+    assert len({(c[1], c[2]) for c in calls}) > 1

@@ -50,8 +50,11 @@ the objective (:mod:`ray_saturn.solver.objective`):
 7. Improvement: adjacent swaps in the priority order, kept when they lower
    the objective, while the evaluation budget lasts.
 
-Deterministic for given inputs (no clock decides anything but the budget's
-safety net).
+The time limit stops each phase (the sweep of 1-5 too, once it has one
+candidate; it goes rule by rule across the orders and modes, so a cut sweep
+has tried each). Otherwise the budgets of decodings decide, so a caller that
+wants the same plan on any machine (``SaturnPolicy(deterministic=True)``)
+gives a limit that only a far slower machine would reach.
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ LARGE_SHARE = 0.1
 #: Candidates from the reference plans (step 6): at most EXTRA_WORK / tasks decodings, at least EXTRA_MIN.
 EXTRA_WORK = 20_000
 EXTRA_MIN = 60
-#: Decodings of the improvement phase per candidate family (the sweep is always done).
+#: Decodings of the improvement phase per candidate family.
 IMPROVE_EVALS = 60
 
 
@@ -165,36 +168,18 @@ def completion_schedule(
         if running and not pause:
             reserve -= min(o.gpus for o in opts)
         filling = t in fill and _has_fill_option(opts)
-        if filling:
-            # A background task: the widest option with efficiency >= FILL_EFFICIENCY that starts first.
-            limit, e_t = math.inf, FILL_EFFICIENCY
-        elif fixed is not None and t in fixed:
-            limit, e_t = math.inf, 0.0  # its option is given: no cap, no efficiency floor
-        else:
-            # The GPU cap (a share of the cluster) applies unless no option fits under it.
-            limit = cap if cap is not None and any(o.gpus <= cap for o in opts) else math.inf
-            e_t = efficiency
-        areas = [o.area for o in opts if not o.pinned and o.gpus <= limit]
-        least = min(areas) if areas else math.inf
-        longest = math.inf
-        if filling:
-            longest = FILL_SPAN * min(o.duration_s for o in opts if not o.pinned) if areas else math.inf
         r = float(problem.release[t])
         # A running task that moves restarts at once, unless it may be paused.
         at_once = any(o.pinned for o in opts) and not pause
         best: tuple[float, int, int, float, tuple[int, ...]] | None = None  # (end, gpus, option, start, nodes)
-        only = fixed.get(t) if fixed is not None else None
-        for j, o in enumerate(opts):
+        for j in _candidate_options(opts, efficiency, cap, filling, fixed.get(t) if fixed is not None else None):
+            o = opts[j]
             d = o.duration_s
-            if o.gpus > limit or (only is not None and j != only):
-                continue
             if o.pinned_nodes is not None:
                 if all(profiles[i].fits(0.0, d, o.per_node) for i in o.pinned_nodes):
                     key = (0.0, -o.gpus, j, 0.0, o.pinned_nodes) if filling else (d, o.gpus, j, 0.0, o.pinned_nodes)
                     if best is None or key[:2] < best[:2]:
                         best = key
-                continue
-            if not _efficient_enough(o, least, e_t, longest):
                 continue
             q, k = o.per_node, o.k
             if filling:
@@ -219,7 +204,7 @@ def completion_schedule(
                 if not running and s <= 1e-6 and free_at_0 - o.gpus < reserve:
                     continue
             else:
-                hit = _first_k_fit(profiles, fresh.eligible(q, k), r, d, q, k)
+                hit = _first_k_fit(profiles, fresh.eligible(q, k), r, d, q, k, give_up)
                 if hit is None:
                     continue
                 s, sel = hit
@@ -252,6 +237,46 @@ def _has_fill_option(opts) -> bool:
         return False
     least, longest = min(o.area for o in free), FILL_SPAN * min(o.duration_s for o in free)
     return any(_efficient_enough(o, least, FILL_EFFICIENCY, longest) for o in free)
+
+
+def _candidate_options(opts, efficiency: float, cap: int | None, filling: bool,
+                       fixed_option: int | None) -> tuple[int, ...]:
+    """The options :func:`completion_schedule` weighs for a task, by index, under a rule (``efficiency``,
+    ``cap``). A background task (``filling``): those of efficiency >= FILL_EFFICIENCY and at most FILL_SPAN x
+    its fastest run. A task whose option is given (``fixed_option``): that one, uncapped. Any other: those
+    within the GPU cap (unless none is) of efficiency >= ``efficiency``. A running task's own option
+    (pinned to its nodes) passes every efficiency test."""
+    if filling:
+        limit, e_t = math.inf, FILL_EFFICIENCY
+    elif fixed_option is not None:
+        limit, e_t = math.inf, 0.0  # its option is given: no cap, no efficiency floor
+    else:
+        # The GPU cap (a share of the cluster) applies unless no option fits under it.
+        limit = cap if cap is not None and any(o.gpus <= cap for o in opts) else math.inf
+        e_t = efficiency
+    areas = [o.area for o in opts if not o.pinned and o.gpus <= limit]
+    least = min(areas) if areas else math.inf
+    longest = FILL_SPAN * min(o.duration_s for o in opts if not o.pinned) if filling and areas else math.inf
+    return tuple(j for j, o in enumerate(opts)
+                 if o.gpus <= limit and (fixed_option is None or j == fixed_option)
+                 and (o.pinned_nodes is not None or _efficient_enough(o, least, e_t, longest)))
+
+
+def _rule_classes(problem: Problem, rules, fill: Collection[int],
+                  fixed: Mapping[int, int] | None = None) -> list[bool]:
+    """Per rule, whether it is the first of the rules that give every task the same candidate options
+    (:func:`_candidate_options`): a later one decodes every order to the same schedule, so it is skipped."""
+    seen = set()
+    first = []
+    for e, cap in rules:
+        sig = tuple(
+            _candidate_options(opts, e, cap, t in fill and _has_fill_option(opts),
+                               fixed.get(t) if fixed is not None else None)
+            for t, opts in enumerate(problem.options)
+        )
+        first.append(sig not in seen)
+        seen.add(sig)
+    return first
 
 
 def _efficient_enough(o, least_area: float, efficiency: float, longest_s: float) -> bool:
@@ -321,22 +346,33 @@ def completion_search(
     evaluated = 0
     fill = background_tasks(problem) if objective == "online" and area_weight > 0 else frozenset()
     score_weights = [BACKGROUND_WEIGHT * w if t in fill else w for t, w in enumerate(weights)]
-    for keep in modes:
-        for order in _orders(problem, weights, critical=objective == "online"):
-            for e, cap in rules:
-                evaluated += 1
-                try:
-                    sched = completion_schedule(problem, order, e, keep_running=keep, cap=cap, pause=pause,
-                                                fill=fill)
-                except InfeasibleError:
-                    if keep:
-                        raise
-                    continue  # a running task found no place to restart at once: keep-mode covers it
-                cands.append((sched, order, (e, cap), keep))
+    # The sweep: every rule in every priority order and mode. Rules that give every task the same options
+    # decode every order alike: only the first is decoded (the same schedule again could never rank
+    # before it). It is decoded rule by rule across the orders and modes, so a sweep the time limit cuts
+    # short (a large problem) has tried each order and mode; the candidates keep the sweep's own order,
+    # so a finished sweep ranks its ties as always. At least one candidate is made whatever the clock.
+    distinct = _rule_classes(problem, rules, fill)
+    orders = _orders(problem, weights, critical=objective == "online")
+    slots = [(m, o, r) for m in range(len(modes)) for o in range(len(orders)) for r in range(len(rules))
+             if distinct[r]]
+    made: dict[tuple[int, int, int], tuple[Schedule, list[int], tuple, bool]] = {}
+    for m, o, r in sorted(slots, key=lambda x: (x[2], x[0], x[1])):
+        if made and time.perf_counter() >= deadline:
+            break
+        keep, order, (e, cap) = modes[m], orders[o], rules[r]
+        evaluated += 1
+        try:
+            sched = completion_schedule(problem, order, e, keep_running=keep, cap=cap, pause=pause, fill=fill)
+        except InfeasibleError:
+            if keep:
+                raise
+            continue  # a running task found no place to restart at once: keep-mode covers it
+        made[(m, o, r)] = (sched, order, (e, cap), keep)
+    cands.extend(made[k] for k in sorted(made))
     # Each reference plan's GPU counts, in the priority orders: a makespan plan's allotments with
     # the short tasks first often keep its makespan and end the others much sooner.
     # These candidates are made within a budget of decodings (about EXTRA_WORK task placements, so
-    # a big problem gets fewer; deterministic) and the time limit; the sweep above is always done.
+    # a big problem gets fewer; deterministic) and the time limit.
     extra_budget = max(EXTRA_MIN, EXTRA_WORK // max(1, problem.num_tasks))
     extra = 0
 
@@ -375,13 +411,16 @@ def completion_search(
             if tuple(fixed.values()) in seen_large:
                 continue
             seen_large.add(tuple(fixed.values()))
+            distinct = _rule_classes(problem, rules, (), fixed)
             for keep in modes:
                 for order in _orders(problem, weights, critical=True):
-                    for e, cap in rules:
+                    for (e, cap), first in zip(rules, distinct, strict=True):
                         if not more():
                             break
+                        extra += 1  # a skipped rule counts: the budget covers the same rules as before
+                        if not first:
+                            continue
                         evaluated += 1
-                        extra += 1
                         try:
                             sched = completion_schedule(problem, order, e, keep_running=keep, cap=cap,
                                                         pause=pause, fixed=fixed)

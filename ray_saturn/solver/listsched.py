@@ -328,8 +328,9 @@ class _NodeProfile:
                 return math.inf
             i = j + 1
 
-    def first_fit(self, start: float, dur: float, q: int) -> float:
-        """The least t in ``{start}`` and the later segment boundaries with ``fits(t, dur, q)``.
+    def first_fit(self, start: float, dur: float, q: int, give_up_after: float = math.inf) -> float:
+        """The least t in ``{start}`` and the later segment boundaries with ``fits(t, dur, q)``
+        (``inf`` as soon as it is known to be later than ``give_up_after``).
 
         Between ``start`` and the returned time no real t fits either: every t
         there overlaps a segment that is too full (see ``serial_schedule``).
@@ -349,6 +350,8 @@ class _NodeProfile:
             if i + 1 >= n:
                 return math.inf
             t = times[i + 1]
+            if t > give_up_after:
+                return math.inf
 
     def fits(self, t: float, dur: float, q: int) -> bool:
         times, usage, limit = self.times, self.usage, self.cap - q
@@ -505,17 +508,20 @@ class _FreshNodes:
         return out
 
 
-def _first_k_fit(profiles, eligible, r: float, d: float, q: int, k: int) -> tuple[float, tuple[int, ...]] | None:
+def _first_k_fit(profiles, eligible, r: float, d: float, q: int, k: int,
+                 give_up_after: float = math.inf) -> tuple[float, tuple[int, ...]] | None:
     """The earliest start s >= r (r or a segment boundary) at which ``k`` eligible nodes fit
     [s, s + d) with ``q`` GPUs each, and the ``k`` of them with the most GPUs in use then.
 
     Same answer as trying every boundary after r in order, but it jumps: with
     ``e_i`` the first time node i fits at or after s, no time before the k-th
     smallest ``e_i`` has k fitting nodes, so the search moves straight there
-    and re-asks only the nodes that fitted earlier. Returns None if never.
+    and re-asks only the nodes that fitted earlier. Returns None if never, or
+    as soon as s is known to be later than ``give_up_after`` (a caller's
+    incumbent: a node that fits only later cannot be one of the k either).
     """
     s = r
-    e = {i: profiles[i].first_fit(s, d, q) for i in eligible}
+    e = {i: profiles[i].first_fit(s, d, q, give_up_after) for i in eligible}
     while True:
         if len(e) < k:
             return None
@@ -527,7 +533,7 @@ def _first_k_fit(profiles, eligible, r: float, d: float, q: int, k: int) -> tupl
         s = kth
         for i, ei in e.items():
             if ei < s:
-                e[i] = profiles[i].first_fit(s, d, q)
+                e[i] = profiles[i].first_fit(s, d, q, give_up_after)
     fit = [i for i in eligible if profiles[i].fits(s, d, q)]
     if len(fit) < k:  # pragma: no cover - only at floating-point ties; fall back to the plain scan
         cands = sorted({s} | {x for i in eligible for x in profiles[i].times if x > s})
