@@ -262,18 +262,16 @@ def _candidate_options(opts, efficiency: float, cap: int | None, filling: bool,
                  and (o.pinned_nodes is not None or _efficient_enough(o, least, e_t, longest)))
 
 
-def _rule_classes(problem: Problem, rules, fill: Collection[int],
+def _rule_classes(problem: Problem, rules: Sequence[tuple[float, int | None]], fill: Collection[int],
                   fixed: Mapping[int, int] | None = None) -> list[bool]:
     """Per rule, whether it is the first of the rules that give every task the same candidate options
     (:func:`_candidate_options`): a later one decodes every order to the same schedule, so it is skipped."""
+    per_task = [(opts, t in fill and _has_fill_option(opts), fixed.get(t) if fixed is not None else None)
+                for t, opts in enumerate(problem.options)]
     seen = set()
     first = []
     for e, cap in rules:
-        sig = tuple(
-            _candidate_options(opts, e, cap, t in fill and _has_fill_option(opts),
-                               fixed.get(t) if fixed is not None else None)
-            for t, opts in enumerate(problem.options)
-        )
+        sig = tuple(_candidate_options(opts, e, cap, filling, only) for opts, filling, only in per_task)
         first.append(sig not in seen)
         seen.add(sig)
     return first
