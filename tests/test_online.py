@@ -492,7 +492,7 @@ def test_rules_that_give_every_task_the_same_options_are_decoded_once(monkeypatc
     problem = build_problem(profile, ClusterSpec.uniform(2, 2))
     calls, orders, _ = _sweep_calls(monkeypatch, problem, "online")
     assert len(calls) == len(orders)
-    # Rows at 1 and 2 GPUs of very different efficiency: the rules differ, and all of them are decoded.
+    # Rows at 1 and 2 GPUs of very different efficiency: the rules differ, and more than one is decoded.
     profile = rows_profile(*[(f"t{i}", [(1, 1.0 + i), (2, 0.9 + i)], 10 + i) for i in range(12)])
     problem = build_problem(profile, ClusterSpec.uniform(2, 2))
     calls, orders, _ = _sweep_calls(monkeypatch, problem, "online")
